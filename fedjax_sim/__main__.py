@@ -1,0 +1,5 @@
+import sys
+
+from fedjax_sim.cli import main
+
+sys.exit(main())

@@ -1,0 +1,352 @@
+"""Command line: `fedjax-sim run | list` (thin: parse a config, call `simulate`).
+
+`fedjax-sim run` with no flags runs the built-in default: FedAvg on scikit-learn digits,
+Dirichlet(0.5)-partitioned over 100 clients, an MLP, results under `results/`.
+Bad flags or impossible settings print one error line and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import tyro
+
+EXIT_USAGE = 2
+
+
+class UsageError(ValueError):
+    """A user error in the command line or config: reported in one line, exit code 2."""
+
+
+@dataclasses.dataclass
+class RunConfig:
+    """Run a federated simulation and write history.json/.csv/.png to --out."""
+
+    algorithm: str = "fedavg"
+    """Registered algorithm (see `fedjax-sim list`)."""
+    dataset: str = "digits"
+    """Registered dataset: digits (built in), fashion_mnist (idx files), fedprox_synthetic."""
+    data_dir: str | None = None
+    """Directory of dataset files (fashion_mnist idx files)."""
+    partition: Literal["dirichlet", "iid", "shards", "quantity_skew"] = "dirichlet"
+    """How examples are split over clients."""
+    alpha: float = 0.5
+    """Dirichlet concentration (dirichlet partition) or alpha of fedprox_synthetic."""
+    shards_per_client: int = 2
+    """Shards per client (shards partition)."""
+    sigma: float = 1.0
+    """Log-normal sigma of client sizes (quantity_skew partition)."""
+    num_clients: int = 100
+    """Number of simulated clients C."""
+    model: str = "mlp"
+    """Registered model: logistic, mlp, cnn."""
+    hidden: tuple[int, ...] = (64,)
+    """Hidden widths of the MLP."""
+    l2: float = 0.0
+    """L2 penalty l2/2 ||w||^2 added to each client's loss."""
+    rounds: int = 200
+    """Number of communication rounds."""
+    cohort_size: int | None = 10
+    """Clients per round (None = all)."""
+    cohort_sampling: Literal["uniform", "proportional"] = "uniform"
+    """Uniform without replacement, or with replacement proportional to client size."""
+    weighting: Literal["auto", "counts", "uniform"] = "auto"
+    """Aggregation weights of client updates."""
+    client_lr: float = 0.1
+    """Local SGD learning rate (FedSGD: the server learning rate)."""
+    server_lr: float = 1.0
+    """Server learning rate (1.0 with SGD = plain averaging)."""
+    local_steps: int = 10
+    """Local steps per round (ignored when --local-epochs is set)."""
+    local_epochs: float | None = None
+    """Local epochs per round (steps then differ across clients)."""
+    batch_size: int = 16
+    """Local minibatch size."""
+    sampling: Literal["replacement", "epoch", "full", "fixed"] = "replacement"
+    """How local minibatches are drawn."""
+    mu: float = 0.01
+    """FedProx proximal coefficient."""
+    straggler_fraction: float = 0.0
+    """Fraction of each cohort that straggles (FedProx keeps partial work, others drop)."""
+    hparams: tuple[str, ...] = ()
+    """Extra algorithm hyper-parameters as key=value (e.g. --hparams momentum=0.9)."""
+    client_map: Literal["auto", "vmap", "map"] = "auto"
+    """How clients are mapped: vmap (accelerators), map = lax.map in chunks (CPU)."""
+    map_batch_size: int | None = None
+    """Clients per chunk in map mode."""
+    eval_every: int = 20
+    """Rounds between evaluations (one compiled scan chunk each)."""
+    seed: int = 0
+    """Seed of the run key and of the partition."""
+    out: str = "results/{algorithm}_{dataset}"
+    """Results folder ({algorithm} and {dataset} are filled in)."""
+    checkpoint_every: int | None = None
+    """Checkpoint the full state every N rounds (into OUT/checkpoints)."""
+    resume: bool = False
+    """Resume from the latest checkpoint in OUT/checkpoints."""
+    progress: bool = True
+    """Show a progress bar."""
+
+
+@dataclasses.dataclass
+class ListConfig:
+    """List registered algorithms, datasets, partitioners and models."""
+
+    what: Literal["all", "algorithms", "datasets", "partitioners", "models"] = "all"
+
+
+# ------------------------------------------------------------------------------ run
+def _check_config(cfg: RunConfig) -> None:
+    from fedjax_sim import algorithms, data, models
+
+    if cfg.algorithm not in algorithms.ALGORITHMS:
+        raise UsageError(
+            f"unknown algorithm {cfg.algorithm!r}; choose from {sorted(algorithms.ALGORITHMS)}"
+        )
+    if cfg.dataset not in data.DATASETS:
+        raise UsageError(f"unknown dataset {cfg.dataset!r}; choose from {sorted(data.DATASETS)}")
+    if cfg.model not in models.MODELS:
+        raise UsageError(f"unknown model {cfg.model!r}; choose from {sorted(models.MODELS)}")
+    positive = {
+        "rounds": cfg.rounds,
+        "num_clients": cfg.num_clients,
+        "local_steps": cfg.local_steps,
+        "batch_size": cfg.batch_size,
+        "eval_every": cfg.eval_every,
+    }
+    for name, value in positive.items():
+        if value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    for name, value in {"client_lr": cfg.client_lr, "server_lr": cfg.server_lr}.items():
+        if not value > 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+    if cfg.cohort_size is not None:
+        if cfg.cohort_size < 1:
+            raise UsageError(f"--cohort-size must be >= 1, got {cfg.cohort_size}")
+        if cfg.cohort_size > cfg.num_clients and cfg.cohort_sampling == "uniform":
+            raise UsageError(
+                f"--cohort-size {cfg.cohort_size} exceeds --num-clients {cfg.num_clients}"
+            )
+    if cfg.alpha <= 0 and cfg.partition == "dirichlet":
+        raise UsageError(f"--alpha must be > 0, got {cfg.alpha}")
+    if cfg.mu < 0:
+        raise UsageError(f"--mu must be >= 0, got {cfg.mu}")
+    if not 0 <= cfg.straggler_fraction <= 1:
+        raise UsageError(f"--straggler-fraction must be in [0, 1], got {cfg.straggler_fraction}")
+
+
+def parse_hparams(items: Sequence[str]) -> dict[str, object]:
+    """`["momentum=0.9", "server=adam"]` -> `{"momentum": 0.9, "server": "adam"}`."""
+    out: dict[str, object] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--hparams entries must look like key=value, got {item!r}")
+        try:
+            out[name] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            out[name] = raw
+    return out
+
+
+def build_run(cfg: RunConfig):
+    """`(dataset, model, algorithm)` for a run config (raises UsageError on bad settings)."""
+    from fedjax_sim import algorithms, data, models
+    from fedjax_sim.algorithms.core import CohortSpec, LocalSpec, Stragglers
+    from fedjax_sim.parallel import ClientMap
+
+    _check_config(cfg)
+    load_kwargs: dict[str, object] = {"num_clients": cfg.num_clients, "seed": cfg.seed}
+    if cfg.dataset == "fedprox_synthetic":
+        load_kwargs.update(alpha=cfg.alpha, beta=cfg.alpha)
+    else:
+        load_kwargs["partitioner"] = cfg.partition
+        load_kwargs.update(
+            {
+                "dirichlet": {"alpha": cfg.alpha},
+                "shards": {"per_client": cfg.shards_per_client},
+                "quantity_skew": {"sigma": cfg.sigma},
+                "iid": {},
+            }[cfg.partition]
+        )
+        if cfg.data_dir:
+            load_kwargs["data_dir"] = cfg.data_dir
+    dataset = data.load(cfg.dataset, **load_kwargs)
+    model_kwargs: dict[str, object] = {"l2": cfg.l2}
+    if cfg.model == "mlp":
+        model_kwargs["hidden"] = cfg.hidden
+    model = models.build(cfg.model, dataset.feature_shape, dataset.num_classes, **model_kwargs)
+
+    client_map = ClientMap(cfg.client_map, cfg.map_batch_size)
+    common = {
+        "client_optimizer": cfg.client_lr,
+        "server_optimizer": cfg.server_lr,
+        "server_lr": cfg.server_lr,
+        "learning_rate": cfg.client_lr,
+        "local": LocalSpec(
+            steps=cfg.local_steps,
+            epochs=cfg.local_epochs,
+            batch_size=cfg.batch_size,
+            sampling=cfg.sampling,
+        ),
+        "cohort": CohortSpec(cfg.cohort_size, cfg.cohort_sampling, cfg.weighting),
+        "client_map": client_map,
+        "mu": cfg.mu,
+    }
+    if cfg.straggler_fraction > 0:
+        policy = "partial" if cfg.algorithm == "fedprox" else "drop"
+        common["stragglers"] = Stragglers(cfg.straggler_fraction, policy)
+    extra = parse_hparams(cfg.hparams)
+    accepted = algorithms.accepted_kwargs(cfg.algorithm)
+    unknown = set(extra) - accepted if accepted is not None else set()
+    if unknown:
+        raise UsageError(
+            f"--hparams {sorted(unknown)} not accepted by {cfg.algorithm}; "
+            f"it takes {sorted(accepted)}"
+        )
+    algorithm = algorithms.build(cfg.algorithm, model.loss, **{**common, **extra})
+    return dataset, model, algorithm, client_map
+
+
+def run(cfg: RunConfig) -> int:
+    import jax
+
+    from fedjax_sim.simulate import EvalSpec, NonFiniteError, simulate
+
+    out_dir = cfg.out.format(algorithm=cfg.algorithm, dataset=cfg.dataset)
+    try:
+        dataset, model, algorithm, client_map = build_run(cfg)
+    except (ValueError, TypeError, FileNotFoundError) as e:  # bad settings or missing data
+        raise UsageError(str(e)) from e
+    summary = dataset.train.summary()
+    print(
+        f"{cfg.algorithm} on {dataset.name}: {summary['num_clients']} clients, "
+        f"{summary['num_examples']} training examples, {cfg.partition} partition, "
+        f"model {model.name}, {cfg.rounds} rounds, results -> {out_dir}",
+        flush=True,
+    )
+    try:
+        history = simulate(
+            algorithm,
+            dataset.train,
+            jax.random.key(cfg.seed),
+            model=model,
+            num_rounds=cfg.rounds,
+            test=dataset.test,
+            evaluation=EvalSpec(every=cfg.eval_every),
+            out_dir=out_dir,
+            checkpoint_dir=os.path.join(out_dir, "checkpoints")
+            if (cfg.checkpoint_every or cfg.resume)
+            else None,
+            checkpoint_every=cfg.checkpoint_every,
+            resume=cfg.resume,
+            progress=cfg.progress,
+            meta={
+                "config": dataclasses.asdict(cfg),
+                "data": summary,
+                "title": f"{cfg.algorithm} on {dataset.name}",
+            },
+            client_map=client_map,
+        )
+    except NonFiniteError as e:
+        print(f"fedjax-sim: error: {e}", file=sys.stderr)
+        return 1
+    final = history.final()
+    line = f"final test accuracy: {final.get('test_accuracy', float('nan')):.4f}"
+    if "client_accuracy_mean" in final:
+        line += (
+            f" (client mean {final['client_accuracy_mean']:.4f}, "
+            f"worst {final['client_accuracy_worst']:.4f})"
+        )
+    print(
+        f"{line} after {history.num_rounds} rounds in {history.meta['seconds']:.1f} s; "
+        f"results in {out_dir}/"
+    )
+    return 0
+
+
+# ------------------------------------------------------------------------------ list
+def list_registered(cfg: ListConfig) -> int:
+    from fedjax_sim import algorithms, data, models
+
+    sections: dict[str, list[str]] = {
+        "algorithms": [f"{n:14s} {algorithms.describe(n)}" for n in sorted(algorithms.ALGORITHMS)],
+        "datasets": [f"{n:14s} {_first_line(f)}" for n, f in sorted(data.DATASETS.items())],
+        "partitioners": [f"{n:14s} {_first_line(f)}" for n, f in sorted(data.PARTITIONERS.items())],
+        "models": [f"{n:14s} {_first_line(f)}" for n, f in sorted(models.MODELS.items())],
+    }
+    for name, lines in sections.items():
+        if cfg.what in ("all", name):
+            print(f"{name}:")
+            print("\n".join(f"  {line}" for line in lines))
+    return 0
+
+
+def _first_line(obj: Callable) -> str:
+    return (obj.__doc__ or "").strip().split("\n")[0]
+
+
+# ------------------------------------------------------------------------------ entry point
+COMMANDS: dict[str, tuple[type, Callable[..., int]]] = {
+    "run": (RunConfig, run),
+    "list": (ListConfig, list_registered),
+}
+
+
+def _load_config_file(cls: type, argv: list[str]) -> tuple[object | None, list[str]]:
+    """Pops `--config FILE` (JSON with field names as keys) and returns it as defaults."""
+    if "--config" not in argv:
+        return None, argv
+    i = argv.index("--config")
+    if i + 1 >= len(argv):
+        raise UsageError("--config needs a file path")
+    path, rest = argv[i + 1], argv[:i] + argv[i + 2 :]
+    try:
+        with open(path) as f:
+            values = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise UsageError(f"cannot read config {path}: {e}") from e
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(values) - fields
+    if unknown:
+        raise UsageError(f"config {path} has unknown keys {sorted(unknown)}")
+    for k, v in values.items():
+        if isinstance(v, list):
+            values[k] = tuple(v)
+    return cls(**values), rest
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        names = ", ".join(COMMANDS)
+        if argv and argv[0] not in ("-h", "--help"):
+            print(
+                f"fedjax-sim: error: unknown command {argv[0]!r}; choose from {names}",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        print(
+            f"usage: fedjax-sim {{{names}}} [--help] [options]\n\n"
+            "  run    run a federated simulation (default: FedAvg on digits)\n"
+            "  list   list algorithms, datasets, partitioners and models"
+        )
+        return 0 if argv else EXIT_USAGE
+    cls, handler = COMMANDS[argv[0]]
+    try:
+        default, rest = _load_config_file(cls, argv[1:])
+        cfg = tyro.cli(cls, args=rest, default=default, prog=f"fedjax-sim {argv[0]}")
+        return handler(cfg)
+    except UsageError as e:
+        print(f"fedjax-sim: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

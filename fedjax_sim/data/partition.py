@@ -1,0 +1,169 @@
+"""Partitioners: pure functions `(labels, num_clients, seed, ...) -> client_ids [N]`.
+
+Every partitioner returns the client of each example, so "every example is assigned exactly
+once" holds by construction; `fedjax_sim.data.pack` turns the assignment into padded
+`FederatedData`. All are vectorised NumPy (no Python loop over clients; at most a loop over
+classes) and deterministic given `seed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+Seed = int | np.random.Generator
+
+
+def _rng(seed: Seed) -> np.random.Generator:
+    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+
+
+def _check(labels: np.ndarray, num_clients: int) -> np.ndarray:
+    labels = np.asarray(labels)
+    if labels.ndim != 1:
+        raise ValueError(f"labels must be 1-D, got shape {labels.shape}")
+    if labels.size == 0:
+        raise ValueError("cannot partition an empty dataset (0 examples)")
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    return labels
+
+
+def _split_evenly(order: np.ndarray, num_clients: int) -> np.ndarray:
+    """Example `order[j]` goes to client `floor(j * C / N)` (sizes differ by at most 1)."""
+    ids = np.empty(order.size, np.int32)
+    ids[order] = (np.arange(order.size, dtype=np.int64) * num_clients // order.size).astype(
+        np.int32
+    )
+    return ids
+
+
+def iid(labels: np.ndarray, num_clients: int, seed: Seed = 0) -> np.ndarray:
+    """Uniformly random, equal-size (+-1) split."""
+    labels = _check(labels, num_clients)
+    return _split_evenly(_rng(seed).permutation(labels.size), num_clients)
+
+
+def sample_dirichlet(rng: np.random.Generator, alpha: float, size: tuple[int, ...]) -> np.ndarray:
+    """Dirichlet(alpha * 1) over the last axis, sampled in log space.
+
+    `Gamma(alpha)` underflows to exactly 0 for small alpha (all zeros -> 0/0 = NaN in the
+    textbook sampler). With `log G = log Gamma(alpha + 1) + log(U) / alpha` (Marsaglia-Tsang's
+    boost) and a softmax, alpha = 1e-3 gives a valid, nearly one-hot vector.
+    """
+    if alpha <= 0:
+        raise ValueError(f"Dirichlet alpha must be > 0, got {alpha}")
+    log_g = np.log(rng.gamma(alpha + 1.0, size=size)) + np.log(rng.uniform(size=size)) / alpha
+    log_g -= log_g.max(axis=-1, keepdims=True)
+    p = np.exp(log_g)
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+def dirichlet(
+    labels: np.ndarray, num_clients: int, seed: Seed = 0, *, alpha: float = 0.5
+) -> np.ndarray:
+    """Label skew: for each class c, proportions `q_c ~ Dir(alpha * 1_C)` over clients.
+
+    Examples of class c are shuffled and cut at `round(cumsum(q_c) * n_c)`, so client i
+    receives about `q_{c,i} * n_c` of them (Yurochkin et al. 2019; Hsu et al. 2019 draw the
+    transpose). Small alpha -> each class concentrated on few clients; large alpha -> iid.
+    Clients may end up empty for small alpha (counts 0 are allowed downstream).
+    """
+    labels = _check(labels, num_clients)
+    rng = _rng(seed)
+    classes, inverse = np.unique(labels, return_inverse=True)
+    ids = np.empty(labels.size, np.int32)
+    props = sample_dirichlet(rng, alpha, (classes.size, num_clients))  # [K, C]
+    for c in range(classes.size):  # loop over classes, not clients
+        members = rng.permutation(np.flatnonzero(inverse == c))
+        cuts = np.round(np.cumsum(props[c]) * members.size).astype(np.int64)
+        owner = np.searchsorted(cuts, np.arange(members.size), side="right")
+        ids[members] = np.minimum(owner, num_clients - 1)
+    return ids
+
+
+def shards(
+    labels: np.ndarray, num_clients: int, seed: Seed = 0, *, per_client: int = 2
+) -> np.ndarray:
+    """McMahan et al. (2017) pathological non-iid split: sort by label, cut into
+    `num_clients * per_client` equal shards, give each client `per_client` random shards."""
+    labels = _check(labels, num_clients)
+    if per_client < 1:
+        raise ValueError(f"per_client must be >= 1, got {per_client}")
+    num_shards = num_clients * per_client
+    if num_shards > labels.size:
+        raise ValueError(
+            f"shards: {num_clients} clients x {per_client} shards needs at least {num_shards} "
+            f"examples, got {labels.size}"
+        )
+    rng = _rng(seed)
+    shuffled = rng.permutation(labels.size)
+    by_label = shuffled[np.argsort(labels[shuffled], kind="stable")]
+    shard_of_position = np.arange(labels.size, dtype=np.int64) * num_shards // labels.size
+    owner_of_shard = rng.permutation(num_shards) // per_client
+    ids = np.empty(labels.size, np.int32)
+    ids[by_label] = owner_of_shard[shard_of_position]
+    return ids
+
+
+def quantity_skew(
+    labels: np.ndarray,
+    num_clients: int,
+    seed: Seed = 0,
+    *,
+    sigma: float = 1.0,
+    min_size: int = 1,
+) -> np.ndarray:
+    """Log-normal client sizes: `n_i = min_size + share_i`, shares proportional to
+    `LogNormal(0, sigma)` draws (largest-remainder rounding, so sizes sum to N); examples iid."""
+    labels = _check(labels, num_clients)
+    if sigma < 0:
+        raise ValueError(f"sigma must be >= 0, got {sigma}")
+    if min_size * num_clients > labels.size:
+        raise ValueError(
+            f"quantity_skew: min_size={min_size} x {num_clients} clients exceeds "
+            f"{labels.size} examples"
+        )
+    rng = _rng(seed)
+    weights = rng.lognormal(0.0, sigma, size=num_clients)
+    rest = labels.size - min_size * num_clients
+    raw = weights / weights.sum() * rest
+    sizes = np.floor(raw).astype(np.int64)
+    leftover = rest - sizes.sum()
+    sizes[np.argsort(sizes - raw)[:leftover]] += 1  # largest remainders first
+    sizes += min_size
+    owner = np.repeat(np.arange(num_clients, dtype=np.int32), sizes)
+    ids = np.empty(labels.size, np.int32)
+    ids[rng.permutation(labels.size)] = owner
+    return ids
+
+
+def natural(groups: np.ndarray) -> tuple[np.ndarray, int]:
+    """Natural split: one client per distinct group id (speaker, writer, domain, ...).
+
+    Returns `(client_ids, num_clients)`; clients are numbered in sorted group order.
+    """
+    groups = np.asarray(groups)
+    if groups.ndim != 1 or groups.size == 0:
+        raise ValueError(f"groups must be a non-empty 1-D array, got shape {groups.shape}")
+    uniq, ids = np.unique(groups, return_inverse=True)
+    return ids.astype(np.int32), int(uniq.size)
+
+
+PARTITIONERS: dict[str, Callable[..., np.ndarray]] = {
+    "iid": iid,
+    "dirichlet": dirichlet,
+    "shards": shards,
+    "quantity_skew": quantity_skew,
+}
+
+
+def partition(
+    name: str, labels: np.ndarray, num_clients: int, seed: Seed = 0, **kwargs: Any
+) -> np.ndarray:
+    """Dispatches to a registered partitioner by name."""
+    if name not in PARTITIONERS:
+        raise ValueError(f"unknown partitioner {name!r}; choose from {sorted(PARTITIONERS)}")
+    return PARTITIONERS[name](labels, num_clients, seed, **kwargs)

@@ -1,0 +1,161 @@
+"""`History`: per-round metrics and periodic evaluations of a run, saved as JSON, CSV and PNG."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _jsonable(x.tolist())
+    if isinstance(x, (np.floating, float)):
+        return float(x) if math.isfinite(x) else str(float(x))
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.bool_):
+        return bool(x)
+    return x
+
+
+@dataclasses.dataclass
+class History:
+    """Stacked per-round metrics (`metrics[name][r]` for round `rounds[r]`) and evaluation
+    rows (`evals`, each with its `round`; round 0 is the initial model)."""
+
+    rounds: list[int] = dataclasses.field(default_factory=list)
+    metrics: dict[str, list] = dataclasses.field(default_factory=dict)
+    evals: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    # ------------------------------------------------------------------ building
+    def append_rounds(self, first_round: int, metrics: dict[str, np.ndarray]) -> None:
+        """Appends a chunk of stacked metrics (leading axis = rounds)."""
+        n = len(next(iter(metrics.values()))) if metrics else 0
+        self.rounds.extend(range(first_round, first_round + n))
+        for name, values in metrics.items():
+            self.metrics.setdefault(name, []).extend(np.asarray(values).tolist())
+
+    def append_eval(self, round_: int, values: dict[str, float]) -> None:
+        self.evals.append({"round": int(round_), **{k: float(v) for k, v in values.items()}})
+
+    # ------------------------------------------------------------------ access
+    @property
+    def num_rounds(self) -> int:
+        return self.rounds[-1] if self.rounds else 0
+
+    def final(self) -> dict[str, float]:
+        """The last evaluation row (empty if none)."""
+        return dict(self.evals[-1]) if self.evals else {}
+
+    def metric(self, name: str) -> np.ndarray:
+        return np.asarray(self.metrics[name])
+
+    def eval_series(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        rows = [e for e in self.evals if name in e]
+        return np.array([e["round"] for e in rows]), np.array([e[name] for e in rows])
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(
+            {"meta": self.meta, "rounds": self.rounds, "metrics": self.metrics, "eval": self.evals}
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> History:
+        return cls(
+            rounds=list(d.get("rounds", [])),
+            metrics={k: list(v) for k, v in d.get("metrics", {}).items()},
+            evals=[dict(e) for e in d.get("eval", [])],
+            meta=dict(d.get("meta", {})),
+        )
+
+    @classmethod
+    def load(cls, path: str) -> History:
+        with open(path) as f:
+            return cls.from_dict(json.load(f))
+
+    def save(self, out_dir: str, plot: bool = True) -> dict[str, str]:
+        """Writes `history.json`, `history.csv` and (if `plot`) `history.png` atomically."""
+        os.makedirs(out_dir, exist_ok=True)
+        paths = {
+            "json": os.path.join(out_dir, "history.json"),
+            "csv": os.path.join(out_dir, "history.csv"),
+        }
+        _atomic_write(paths["json"], json.dumps(self.to_dict(), indent=1))
+        _atomic_write(paths["csv"], self.to_csv())
+        if plot and (self.rounds or self.evals):
+            paths["png"] = os.path.join(out_dir, "history.png")
+            self.plot(paths["png"])
+        return paths
+
+    def to_csv(self) -> str:
+        """One row per round (round 0 = initial evaluation); scalar metrics and eval columns,
+        blank where a value was not computed in that round."""
+        scalar = [k for k, v in self.metrics.items() if v and np.ndim(v[0]) == 0]
+        eval_cols = sorted({k for e in self.evals for k in e} - {"round"})
+        by_round: dict[int, dict[str, Any]] = {}
+        for i, r in enumerate(self.rounds):
+            by_round.setdefault(r, {}).update({k: self.metrics[k][i] for k in scalar})
+        for e in self.evals:
+            by_round.setdefault(e["round"], {}).update({k: e[k] for k in eval_cols if k in e})
+        import io
+
+        buf = io.StringIO()
+        writer = csv.writer(buf)
+        writer.writerow(["round", *scalar, *eval_cols])
+        for r in sorted(by_round):
+            row = by_round[r]
+            writer.writerow([r, *(row.get(k, "") for k in scalar + eval_cols)])
+        return buf.getvalue()
+
+    def plot(self, path: str) -> None:
+        """Training loss per round and test accuracy (central, client mean/worst) per eval."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        if "train_loss" in self.metrics:
+            axes[0].plot(self.rounds, self.metrics["train_loss"], lw=1, label="cohort train loss")
+        r, v = self.eval_series("test_loss")
+        if len(r):
+            axes[0].plot(r, v, "o-", ms=3, label="central test loss")
+        axes[0].set(xlabel="round", ylabel="loss", yscale="log", title="Loss")
+        axes[0].legend()
+        labels = {
+            "test_accuracy": "central test",
+            "client_accuracy_mean": "client mean",
+            "client_accuracy_worst": "worst client",
+            "client_accuracy_p10": "client 10th pct.",
+        }
+        for name, label in labels.items():
+            r, v = self.eval_series(name)
+            if len(r):
+                axes[1].plot(r, v, "o-", ms=3, label=label)
+        axes[1].set(xlabel="round", ylabel="accuracy", title="Accuracy", ylim=(0, 1))
+        axes[1].legend()
+        title = self.meta.get("title")
+        if title:
+            fig.suptitle(title)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+
+
+def _atomic_write(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

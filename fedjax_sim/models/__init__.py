@@ -1,0 +1,33 @@
+"""Models: flax networks bundled with masked losses (`Model`), and their registry."""
+
+from collections.abc import Callable
+
+from fedjax_sim.models.base import Model, l2_norm_sq, masked_mean
+from fedjax_sim.models.nets import cnn, count_params, linear_regression, logistic_regression, mlp
+
+MODELS: dict[str, Callable[..., Model]] = {
+    "logistic": logistic_regression,
+    "mlp": mlp,
+    "cnn": cnn,
+}
+
+
+def build(name: str, input_shape, num_classes: int, **kwargs) -> Model:
+    """Builds a registered classification model by name."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose from {sorted(MODELS)}")
+    return MODELS[name](input_shape, num_classes, **kwargs)
+
+
+__all__ = [
+    "MODELS",
+    "Model",
+    "build",
+    "cnn",
+    "count_params",
+    "l2_norm_sq",
+    "linear_regression",
+    "logistic_regression",
+    "masked_mean",
+    "mlp",
+]

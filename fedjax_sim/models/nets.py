@@ -1,0 +1,113 @@
+"""Flax networks (logistic regression, MLP, small CNN) and linear least-squares regression.
+
+Each builder takes the per-example `input_shape` and returns a `Model`. Inputs of any shape
+are flattened for dense models; the CNN reshapes flat inputs to `image_shape`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from fedjax_sim.models.base import Model
+
+
+def _from_module(module: nn.Module, input_shape: Sequence[int], name: str, **kw) -> Model:
+    dummy = jnp.zeros((1, *input_shape), jnp.float32)
+    return Model(
+        init=lambda key: module.init(key, dummy)["params"],
+        apply=lambda params, x: module.apply({"params": params}, x),
+        name=name,
+        **kw,
+    )
+
+
+class _MLP(nn.Module):
+    hidden: tuple[int, ...]
+    num_outputs: int
+
+    @nn.compact
+    def __call__(self, x):
+        x = x.reshape((x.shape[0], -1))
+        for width in self.hidden:
+            x = nn.relu(nn.Dense(width)(x))
+        return nn.Dense(self.num_outputs)(x)
+
+
+class _CNN(nn.Module):
+    image_shape: tuple[int, ...]
+    channels: tuple[int, ...]
+    dense: int
+    num_outputs: int
+
+    @nn.compact
+    def __call__(self, x):
+        x = x.reshape((x.shape[0], *self.image_shape))
+        for ch in self.channels:
+            x = nn.relu(nn.Conv(ch, (3, 3), padding="SAME")(x))
+            if min(x.shape[1:3]) >= 2:
+                x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = x.reshape((x.shape[0], -1))
+        x = nn.relu(nn.Dense(self.dense)(x))
+        return nn.Dense(self.num_outputs)(x)
+
+
+def logistic_regression(input_shape: Sequence[int], num_classes: int, *, l2: float = 0.0) -> Model:
+    """Multinomial logistic regression (one dense layer on flattened inputs)."""
+    return _from_module(_MLP((), num_classes), input_shape, "logistic", l2=l2)
+
+
+def mlp(
+    input_shape: Sequence[int],
+    num_classes: int,
+    *,
+    hidden: Sequence[int] = (200, 200),
+    l2: float = 0.0,
+) -> Model:
+    """ReLU multi-layer perceptron on flattened inputs (McMahan et al.'s 2NN by default)."""
+    return _from_module(_MLP(tuple(hidden), num_classes), input_shape, "mlp", l2=l2)
+
+
+def _image_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
+    if len(input_shape) == 3:
+        return tuple(input_shape)
+    if len(input_shape) == 2:
+        return (*input_shape, 1)
+    side = math.isqrt(int(math.prod(input_shape)))
+    if side * side != math.prod(input_shape):
+        raise ValueError(f"cannot view input of shape {tuple(input_shape)} as a square image")
+    return (side, side, 1)
+
+
+def cnn(
+    input_shape: Sequence[int],
+    num_classes: int,
+    *,
+    channels: Sequence[int] = (32, 64),
+    dense: int = 128,
+    l2: float = 0.0,
+) -> Model:
+    """Small CNN: [3x3 conv + ReLU + 2x2 max-pool] per channel count, dense, output.
+
+    Flat inputs (e.g. digits' 64 features) are viewed as square single-channel images."""
+    module = _CNN(_image_shape(input_shape), tuple(channels), dense, num_classes)
+    return _from_module(module, input_shape, "cnn", l2=l2)
+
+
+def linear_regression(dim: int, *, l2: float = 0.0) -> Model:
+    """`apply({"w": [dim]}, x [B, dim]) = x @ w` with squared loss; zeros at init."""
+    return Model(
+        init=lambda key: {"w": jnp.zeros((dim,), jnp.float32)},
+        apply=lambda params, x: x @ params["w"],
+        loss_kind="squared",
+        l2=l2,
+        name="linear_regression",
+    )
+
+
+def count_params(params) -> int:
+    return int(sum(p.size for p in jax.tree.leaves(params)))

@@ -1,0 +1,285 @@
+"""`simulate`: run an `Algorithm` for many rounds as compiled `lax.scan` chunks.
+
+Rounds between two evaluations (or checkpoints) run as one jitted `lax.scan`; the host only
+sees chunk boundaries, where it evaluates the global model, updates the progress bar, writes
+the history and checkpoints. A non-finite global model stops the run with an error naming
+the first bad round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from fedjax_sim.algorithms.core import Algorithm, tree_all_finite
+from fedjax_sim.checkpoint import Checkpointer
+from fedjax_sim.data.federated import ArrayData, Batch, FederatedData
+from fedjax_sim.history import History
+from fedjax_sim.models.base import Model
+from fedjax_sim.parallel import ClientMap
+
+INIT_PURPOSE = 7  # key purpose of the initial model
+
+
+class NonFiniteError(FloatingPointError):
+    """The global model became NaN/Inf."""
+
+
+# ------------------------------------------------------------------------------ evaluation
+def evaluate_central(model: Model, params: Any, test: ArrayData, batch_size: int = 1024):
+    """Loss and accuracy of `params` on a central dataset, in batches of `batch_size`."""
+    n = test.x.shape[0]
+    bs = max(1, min(batch_size, n))
+    nb = -(-n // bs)
+    pad = nb * bs - n
+
+    def padded(a):
+        a = jnp.asarray(a)
+        return jnp.concatenate([a, jnp.zeros((pad, *a.shape[1:]), a.dtype)]).reshape(
+            nb, bs, *a.shape[1:]
+        )
+
+    mask = padded(jnp.ones((n,), jnp.float32))
+    stats = lax.map(
+        lambda b: model.evaluate(params, Batch(*b)), (padded(test.x), padded(test.y), mask)
+    )
+    stats = jax.tree.map(jnp.sum, stats)
+    count = jnp.maximum(stats["count"], 1.0)
+    return {"test_loss": stats["loss"] / count, "test_accuracy": stats["correct"] / count}
+
+
+def evaluate_clients(
+    model: Model,
+    params: Any,
+    x: jax.Array,
+    y: jax.Array,
+    counts: jax.Array,
+    client_map: ClientMap = ClientMap(),
+    prefix: str = "client",
+) -> dict[str, jax.Array]:
+    """Per-client loss/accuracy of the global model; summaries over clients with data:
+    mean, worst (min accuracy / max loss), 10th percentile of accuracy, and the pooled
+    (example-weighted) loss."""
+    n_max = x.shape[1]
+
+    def one(xc, yc, n):
+        mask = (jnp.arange(n_max) < n).astype(jnp.float32)
+        return model.evaluate(params, Batch(xc, yc, mask))
+
+    stats = client_map.map(one, x, y, counts)
+    has = counts > 0
+    cnt = jnp.maximum(stats["count"], 1.0)
+    acc, loss = stats["correct"] / cnt, stats["loss"] / cnt
+    n_has = jnp.maximum(jnp.sum(has), 1)
+    acc_sorted = jnp.sort(jnp.where(has, acc, jnp.inf))
+    p10 = acc_sorted[jnp.floor(0.1 * (n_has - 1)).astype(jnp.int32)]
+    return {
+        f"{prefix}_accuracy_mean": jnp.sum(jnp.where(has, acc, 0)) / n_has,
+        f"{prefix}_accuracy_worst": jnp.min(jnp.where(has, acc, jnp.inf)),
+        f"{prefix}_accuracy_p10": p10,
+        f"{prefix}_loss_mean": jnp.sum(jnp.where(has, loss, 0)) / n_has,
+        f"{prefix}_loss_worst": jnp.max(jnp.where(has, loss, -jnp.inf)),
+        f"{prefix}_loss_pooled": jnp.sum(stats["loss"]) / jnp.maximum(jnp.sum(stats["count"]), 1),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSpec:
+    """What to evaluate at each evaluation point.
+
+    Attributes:
+      every: rounds between evaluations (also the length of each compiled scan chunk).
+      central: evaluate on the central test set (if given).
+      clients: evaluate on each client's test split (if the data has one).
+      train: evaluate the global training objective on every client's training data.
+      batch_size: central-evaluation batch size.
+    """
+
+    every: int = 10
+    central: bool = True
+    clients: bool = True
+    train: bool = False
+    batch_size: int = 1024
+
+
+# ------------------------------------------------------------------------------ runner
+def simulate(
+    algorithm: Algorithm,
+    data: FederatedData,
+    key: jax.Array,
+    *,
+    model: Model,
+    num_rounds: int,
+    test: ArrayData | None = None,
+    params: Any = None,
+    evaluation: EvalSpec = EvalSpec(),
+    out_dir: str | None = None,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    meta: dict[str, Any] | None = None,
+    client_map: ClientMap = ClientMap(),
+) -> History:
+    """Runs `num_rounds` steps of `algorithm` and returns the `History`.
+
+    Args:
+      algorithm: an `Algorithm` (e.g. `fedavg(model.loss, ...)`).
+      data: the federated training data (passed to every `step`).
+      key: the run key; the model init, cohorts and local batches all derive from it.
+      model: used for the initial params (unless `params` is given) and for evaluation.
+      num_rounds: total rounds (steps) of the run, including those before a resume.
+      test: the central test set.
+      evaluation: what to evaluate, and every how many rounds.
+      out_dir: if set, `history.json/.csv/.png` are (re)written there at every evaluation.
+      checkpoint_dir / checkpoint_every: orbax checkpoints of the full state, key and
+        history every `checkpoint_every` rounds (and at the end / on Ctrl-C).
+      resume: continue from the latest checkpoint in `checkpoint_dir` (bit-identical).
+      progress: show a tqdm progress bar.
+      meta: extra information stored in `History.meta` (e.g. the CLI config).
+      client_map: mapping used for per-client evaluation.
+
+    Raises:
+      NonFiniteError: the global model became NaN/Inf (the message names the round).
+    """
+    if num_rounds < 1:
+        raise ValueError(f"num_rounds must be >= 1, got {num_rounds}")
+    if evaluation.every < 1:
+        raise ValueError(f"evaluation.every must be >= 1, got {evaluation.every}")
+    if checkpoint_every is not None and checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
+    if (checkpoint_every or resume) and not checkpoint_dir:
+        raise ValueError("checkpoint_every/resume need a checkpoint_dir")
+
+    if params is None:
+        params = model.init(jax.random.fold_in(key, INIT_PURPOSE))
+    state = algorithm.init(params, key)
+    history = History(meta=dict(meta or {}))
+    start = 0
+    ckpt = Checkpointer(checkpoint_dir) if checkpoint_dir else None
+    if resume and ckpt is not None and ckpt.latest_round() is not None:
+        start, state, saved_key, saved = ckpt.restore(state, key)
+        if not np.array_equal(jax.random.key_data(saved_key), jax.random.key_data(key)):
+            raise ValueError("resume: the checkpoint was written by a run with a different key")
+        history = History.from_dict(saved)
+        history.meta.update(meta or {})
+        if start >= num_rounds:
+            return history
+
+    run_chunk = jax.jit(_scan_rounds(algorithm), static_argnums=3)
+    evaluate = jax.jit(_make_evaluator(model, evaluation, client_map, test is not None))
+
+    def do_eval(round_: int, state: Any) -> dict[str, float]:
+        values = {k: float(v) for k, v in evaluate(state.params, data, test).items()}
+        history.append_eval(round_, values)
+        return values
+
+    bar = _progress(progress, num_rounds, start)
+    r = start
+    t0 = time.perf_counter()
+    last_saved = start
+    try:
+        if start == 0 and not history.evals:
+            do_eval(0, state)
+        r = start
+        while r < num_rounds:
+            end = min(
+                num_rounds,
+                _next_multiple(r, evaluation.every),
+                _next_multiple(r, checkpoint_every) if checkpoint_every else num_rounds,
+            )
+            new_state, metrics = run_chunk(state, data, key, end - r)
+            metrics = jax.device_get(metrics)
+            finite = np.asarray(metrics.pop("params_finite"))
+            history.append_rounds(r + 1, metrics)
+            if not finite.all():
+                bad = r + 1 + int(np.argmin(finite))
+                raise NonFiniteError(
+                    f"the global model became NaN/Inf at round {bad} "
+                    f"(train_loss there: {metrics.get('train_loss', [np.nan])[bad - r - 1]}); "
+                    "lower the learning rates or check the data"
+                )
+            state, r = new_state, end
+            values = do_eval(r, state) if r % evaluation.every == 0 or r == num_rounds else {}
+            if bar is not None:
+                bar.update(end - bar.n)
+                bar.set_postfix(_postfix(metrics, values), refresh=False)
+            if out_dir and values:
+                history.meta["seconds"] = time.perf_counter() - t0
+                history.save(out_dir, plot=False)
+            if ckpt and checkpoint_every and (r % checkpoint_every == 0 or r == num_rounds):
+                ckpt.save(r, state, key, history.to_dict())
+                last_saved = r
+    except KeyboardInterrupt:
+        if ckpt and r > last_saved:
+            ckpt.save(r, state, key, history.to_dict())
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+        history.meta["seconds"] = time.perf_counter() - t0
+        if out_dir:
+            history.save(out_dir)
+        if ckpt:
+            ckpt.close()
+    return history
+
+
+def _scan_rounds(algorithm: Algorithm):
+    def run(state, data, key, length):
+        def body(state, _):
+            state, metrics = algorithm.step(state, data, key)
+            return state, {**metrics, "params_finite": tree_all_finite(state.params)}
+
+        return lax.scan(body, state, None, length=length)
+
+    return run
+
+
+def _make_evaluator(model: Model, spec: EvalSpec, client_map: ClientMap, has_test: bool):
+    def evaluate(params, data: FederatedData, test: ArrayData | None):
+        out = {}
+        if spec.central and has_test:
+            out.update(evaluate_central(model, params, test, spec.batch_size))
+        if spec.clients and data.has_client_test:
+            out.update(
+                evaluate_clients(
+                    model, params, data.x_test, data.y_test, data.test_counts, client_map
+                )
+            )
+        if spec.train:
+            stats = evaluate_clients(
+                model, params, data.x, data.y, data.counts, client_map, prefix="train"
+            )
+            out["train_objective"] = stats["train_loss_pooled"]
+            out["train_accuracy_worst"] = stats["train_accuracy_worst"]
+        return out
+
+    return evaluate
+
+
+def _next_multiple(r: int, every: int) -> int:
+    return (r // every + 1) * every
+
+
+def _progress(enabled: bool, total: int, initial: int):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, unit="round", dynamic_ncols=True)
+
+
+def _postfix(metrics: dict[str, np.ndarray], values: dict[str, float]) -> dict[str, str]:
+    out = {}
+    if "train_loss" in metrics:
+        out["loss"] = f"{float(np.asarray(metrics['train_loss'])[-1]):.4f}"
+    if "test_accuracy" in values:
+        out["acc"] = f"{values['test_accuracy']:.4f}"
+    return out
