@@ -48,6 +48,11 @@ class Algorithm(NamedTuple):
     step: Callable[[State, FederatedData, PRNGKey], tuple[State, Metrics]]
 
 
+def float_dtype() -> jnp.dtype:
+    """The default float dtype (float64 under `jax.enable_x64`, else float32)."""
+    return jax.dtypes.canonicalize_dtype(jnp.float64)
+
+
 # ------------------------------------------------------------------------------ keys
 # Purposes folded into the round key, so different uses never share random bits.
 COHORT, LOCAL, STRAGGLERS, EXTRA = 0, 1, 2, 3
@@ -152,11 +157,11 @@ class CohortSpec:
         """`(client ids [M], aggregation weights [M])`; empty clients get weight 0."""
         self.check(counts.shape[0])
         idx = sample_cohort(key, counts.shape[0], self.size, sampling=self.sampling, counts=counts)
-        n = counts[idx].astype(jnp.float32)
+        n = counts[idx].astype(float_dtype())
         weighting = self.weighting
         if weighting == "auto":
             weighting = "uniform" if self.sampling == "proportional" else "counts"
-        weights = n if weighting == "counts" else (n > 0).astype(jnp.float32)
+        weights = n if weighting == "counts" else (n > 0).astype(n.dtype)
         return idx, weights
 
 
@@ -258,7 +263,8 @@ def minibatch(
     if sampling == "full":
         return Batch(client.x, client.y, (jnp.arange(n_max) < n).astype(jnp.float32))
     if sampling == "replacement":
-        idx = jax.random.randint(jax.random.fold_in(key, step), (batch_size,), 0, jnp.maximum(n, 1))
+        step_key = jax.random.fold_in(jax.random.fold_in(key, 0), step)
+        idx = jax.random.randint(step_key, (batch_size,), 0, jnp.maximum(n, 1))
         mask = jnp.full((batch_size,), n > 0, jnp.float32)
     else:
         if sampling == "epoch":
@@ -266,7 +272,7 @@ def minibatch(
             epoch, pos0 = step // per_epoch, (step % per_epoch) * batch_size
         else:  # "fixed": the first minibatch of one permutation, every step
             epoch, pos0 = jnp.int32(0), jnp.int32(0)
-        u = jax.random.uniform(jax.random.fold_in(jax.random.fold_in(key, -1), epoch), (n_max,))
+        u = jax.random.uniform(jax.random.fold_in(jax.random.fold_in(key, 1), epoch), (n_max,))
         perm = jnp.argsort(jnp.where(jnp.arange(n_max) < n, u, 2.0))
         pos = pos0 + jnp.arange(batch_size)
         idx = perm[jnp.minimum(pos, n_max - 1)]
@@ -332,7 +338,7 @@ def local_train(
             loss = jnp.where(active, loss, 0.0)
         return (new_p, new_s, new_a, loss_sum + loss), None
 
-    init = (params, opt_state, aux, jnp.zeros((), jnp.float32))
+    init = (params, opt_state, aux, jnp.zeros(()))
     (params, opt_state, aux, loss_sum), _ = lax.scan(body, init, jnp.arange(max_steps))
     steps = jnp.asarray(max_steps, jnp.int32) if num_steps is None else num_steps
     return LocalResult(params, opt_state, aux, loss_sum / jnp.maximum(steps, 1), steps)

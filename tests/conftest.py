@@ -1,0 +1,15 @@
+"""Shared fixtures. Tests run on CPU; float64 is enabled locally where exactness matters."""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def x64():
+    """Enable float64 for the duration of a test."""
+    with jax.enable_x64(True):
+        yield
