@@ -9,6 +9,7 @@ the first bad round.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any
 
@@ -172,8 +173,9 @@ def simulate(
         if start >= num_rounds:
             return history
 
-    run_chunk = jax.jit(_scan_rounds(algorithm), static_argnums=3)
-    evaluate = jax.jit(_make_evaluator(model, evaluation, client_map, test is not None))
+    chunk = max(1, min(num_rounds, evaluation.every, checkpoint_every or num_rounds))
+    run_chunk = _compiled_chunk(algorithm, chunk)
+    evaluate = _compiled_evaluator(model, evaluation, client_map, test is not None)
 
     def do_eval(round_: int, state: Any) -> dict[str, float]:
         values = {k: float(v) for k, v in evaluate(state.params, data, test).items()}
@@ -195,7 +197,7 @@ def simulate(
                 _next_multiple(r, checkpoint_every) if checkpoint_every else num_rounds,
             )
             new_state, metrics = run_chunk(state, data, key, end - r)
-            metrics = jax.device_get(metrics)
+            metrics = jax.tree.map(lambda m: m[: end - r], jax.device_get(metrics))
             finite = np.asarray(metrics.pop("params_finite"))
             history.append_rounds(r + 1, metrics)
             if not finite.all():
@@ -231,18 +233,32 @@ def simulate(
     return history
 
 
-def _scan_rounds(algorithm: Algorithm):
-    def run(state, data, key, length):
-        def body(state, _):
+@functools.lru_cache(maxsize=16)
+def _compiled_chunk(algorithm: Algorithm, length: int):
+    """`jit(run(state, data, key, n))`: a `lax.scan` of static `length` whose first `n`
+    (dynamic) iterations step the algorithm and the rest pass the state through, so every
+    chunk of a run, whatever its size, uses one compilation (cached per algorithm)."""
+
+    def run(state, data, key, n):
+        def advance(state):
             state, metrics = algorithm.step(state, data, key)
             return state, {**metrics, "params_finite": tree_all_finite(state.params)}
 
-        return lax.scan(body, state, None, length=length)
+        out_shape = jax.eval_shape(advance, state)[1]
 
-    return run
+        def body(state, i):
+            def skip(state):
+                return state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)
+
+            return lax.cond(i < n, advance, skip, state)
+
+        return lax.scan(body, state, jnp.arange(length))
+
+    return jax.jit(run)
 
 
-def _make_evaluator(model: Model, spec: EvalSpec, client_map: ClientMap, has_test: bool):
+@functools.lru_cache(maxsize=16)
+def _compiled_evaluator(model: Model, spec: EvalSpec, client_map: ClientMap, has_test: bool):
     def evaluate(params, data: FederatedData, test: ArrayData | None):
         out = {}
         if spec.central and has_test:
@@ -261,7 +277,7 @@ def _make_evaluator(model: Model, spec: EvalSpec, client_map: ClientMap, has_tes
             out["train_accuracy_worst"] = stats["train_accuracy_worst"]
         return out
 
-    return evaluate
+    return jax.jit(evaluate)
 
 
 def _next_multiple(r: int, every: int) -> int:
