@@ -80,6 +80,15 @@ class RunConfig:
     """How clients are mapped: vmap (accelerators), map = lax.map in chunks (CPU)."""
     map_batch_size: int | None = None
     """Clients per chunk in map mode."""
+    devices: int | None = None
+    """Shard the client axis over this many devices (on CPU: virtual devices). With
+    multi-process flags the default is every device of every process."""
+    coordinator: str | None = None
+    """Multi-process: coordinator host:port (or env FEDJAX_SIM_COORDINATOR)."""
+    num_processes: int | None = None
+    """Multi-process: number of processes (or env FEDJAX_SIM_NUM_PROCESSES)."""
+    process_id: int | None = None
+    """Multi-process: this process's id (or env FEDJAX_SIM_PROCESS_ID)."""
     eval_every: int = 20
     """Rounds between evaluations (one compiled scan chunk each)."""
     seed: int = 0
@@ -139,6 +148,8 @@ def _check_config(cfg: RunConfig) -> None:
         raise UsageError(f"--mu must be >= 0, got {cfg.mu}")
     if not 0 <= cfg.straggler_fraction <= 1:
         raise UsageError(f"--straggler-fraction must be in [0, 1], got {cfg.straggler_fraction}")
+    if cfg.devices is not None and cfg.devices < 1:
+        raise UsageError(f"--devices must be >= 1, got {cfg.devices}")
 
 
 def parse_hparams(items: Sequence[str]) -> dict[str, object]:
@@ -155,8 +166,35 @@ def parse_hparams(items: Sequence[str]) -> dict[str, object]:
     return out
 
 
-def build_run(cfg: RunConfig):
-    """`(dataset, model, algorithm)` for a run config (raises UsageError on bad settings)."""
+def _setup_devices(cfg: RunConfig):
+    """Multi-process initialisation and the client mesh (None for a single device). Must run
+    before anything touches a JAX device (virtual CPU devices are an XLA flag)."""
+    import jax
+
+    from fedjax_sim import distributed
+    from fedjax_sim.parallel import client_mesh
+
+    multi = any(v is not None for v in (cfg.coordinator, cfg.num_processes, cfg.process_id)) or (
+        any(os.environ.get(v) for v in distributed.ENV.values())
+    )
+    if cfg.devices and cfg.devices > 1 and not multi and "JAX_PLATFORMS" not in os.environ:
+        flag = f"--xla_force_host_platform_device_count={cfg.devices}"
+        if flag not in os.environ.get("XLA_FLAGS", ""):
+            os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+    if multi:
+        distributed.initialize(cfg.coordinator, cfg.num_processes, cfg.process_id)
+    if not multi and not (cfg.devices and cfg.devices > 1):
+        return None
+    if cfg.devices and cfg.devices > len(jax.devices()):
+        raise UsageError(f"--devices {cfg.devices}: only {len(jax.devices())} devices available")
+    return client_mesh(cfg.devices)
+
+
+def build_run(cfg: RunConfig, mesh=None):
+    """`(dataset, model, algorithm, client_map)` for a run config (UsageError on bad
+    settings). With a multi-process `mesh`, each process keeps only its clients' rows."""
+    import jax
+
     from fedjax_sim import algorithms, data, models
     from fedjax_sim.algorithms.core import CohortSpec, LocalSpec, Stragglers
     from fedjax_sim.parallel import ClientMap
@@ -178,12 +216,17 @@ def build_run(cfg: RunConfig):
         if cfg.data_dir:
             load_kwargs["data_dir"] = cfg.data_dir
     dataset = data.load(cfg.dataset, **load_kwargs)
+    if mesh is not None and jax.process_count() > 1:
+        from fedjax_sim import distributed
+
+        train = distributed.local_rows(dataset.train, mesh, cfg.num_clients)
+        dataset = dataset._replace(train=distributed.globalize(train, mesh, cfg.num_clients))
     model_kwargs: dict[str, object] = {"l2": cfg.l2}
     if cfg.model == "mlp":
         model_kwargs["hidden"] = cfg.hidden
     model = models.build(cfg.model, dataset.feature_shape, dataset.num_classes, **model_kwargs)
 
-    client_map = ClientMap(cfg.client_map, cfg.map_batch_size)
+    client_map = ClientMap(cfg.client_map, cfg.map_batch_size, mesh=mesh)
     common = {
         "client_optimizer": cfg.client_lr,
         "server_optimizer": cfg.server_lr,
@@ -215,22 +258,26 @@ def build_run(cfg: RunConfig):
 
 
 def run(cfg: RunConfig) -> int:
+    out_dir = cfg.out.format(algorithm=cfg.algorithm, dataset=cfg.dataset)
+    try:
+        _check_config(cfg)
+        mesh = _setup_devices(cfg)
+        dataset, model, algorithm, client_map = build_run(cfg, mesh)
+    except (ValueError, TypeError, FileNotFoundError) as e:  # bad settings or missing data
+        raise UsageError(str(e)) from e
     import jax
 
     from fedjax_sim.simulate import EvalSpec, NonFiniteError, simulate
 
-    out_dir = cfg.out.format(algorithm=cfg.algorithm, dataset=cfg.dataset)
-    try:
-        dataset, model, algorithm, client_map = build_run(cfg)
-    except (ValueError, TypeError, FileNotFoundError) as e:  # bad settings or missing data
-        raise UsageError(str(e)) from e
     summary = dataset.train.summary()
-    print(
-        f"{cfg.algorithm} on {dataset.name}: {summary['num_clients']} clients, "
-        f"{summary['num_examples']} training examples, {cfg.partition} partition, "
-        f"model {model.name}, {cfg.rounds} rounds, results -> {out_dir}",
-        flush=True,
-    )
+    main_process = jax.process_index() == 0
+    if main_process:
+        print(
+            f"{cfg.algorithm} on {dataset.name}: {summary['num_clients']} clients, "
+            f"{summary['num_examples']} training examples, {cfg.partition} partition, "
+            f"model {model.name}, {cfg.rounds} rounds, results -> {out_dir}",
+            flush=True,
+        )
     try:
         history = simulate(
             algorithm,
@@ -253,10 +300,13 @@ def run(cfg: RunConfig) -> int:
                 "title": f"{cfg.algorithm} on {dataset.name}",
             },
             client_map=client_map,
+            mesh=mesh,
         )
     except NonFiniteError as e:
         print(f"fedjax-sim: error: {e}", file=sys.stderr)
         return 1
+    if not main_process:
+        return 0
     final = history.final()
     line = f"final test accuracy: {final.get('test_accuracy', float('nan')):.4f}"
     if "client_accuracy_mean" in final:

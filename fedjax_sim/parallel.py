@@ -9,20 +9,71 @@
 `map_sum` fuses the aggregation into the map: the summands are accumulated chunk by chunk, so
 a FedAvg round never materialises `[M, d]` client updates in `map` mode. All modes compute the
 same per-client values; sums may differ in the last bits (summation order).
+
+With a `mesh` (an axis named `"clients"` by default), the cohort is sharded over devices with
+`jax.shard_map`: each device maps its slice with the mode above and the sums are combined
+with `psum`. A cohort not divisible by the device count is padded with masked copies of its
+first client. Inside the sharded map, `to_varying` marks replicated values as per-device
+(`jax.lax.pcast(..., to="varying")`); `local_train` applies it to its carry, otherwise the
+gradient with respect to the replicated server params would be summed over devices.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 MapMode = Literal["auto", "vmap", "map"]
 CPU_DEFAULT_BATCH = 8
+CLIENT_AXIS = "clients"
+
+_ACTIVE_AXIS: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "fedjax_sim_client_axis", default=None
+)
+
+
+@contextlib.contextmanager
+def _client_axis(name: str) -> Iterator[None]:
+    token = _ACTIVE_AXIS.set(name)
+    try:
+        yield
+    finally:
+        _ACTIVE_AXIS.reset(token)
+
+
+def to_varying(tree: Any) -> Any:
+    """Inside a sharded client map: cast replicated (device-invariant) leaves to per-device
+    values, so that differentiating with respect to them is local. Outside: identity."""
+    axis = _ACTIVE_AXIS.get()
+    if axis is None:
+        return tree
+
+    def cast(x):
+        x = jnp.asarray(x)
+        manual = getattr(jax.typeof(x), "manual_axis_type", None)
+        if manual is not None and axis in manual.varying:
+            return x
+        return lax.pcast(x, axis, to="varying")
+
+    return jax.tree.map(cast, tree)
+
+
+def client_mesh(num_devices: int | None = None, axis: str = CLIENT_AXIS) -> Mesh:
+    """A 1-D mesh named `axis` over the first `num_devices` devices (all by default)."""
+    devices = jax.devices()
+    n = len(devices) if num_devices is None else num_devices
+    if not 1 <= n <= len(devices):
+        raise ValueError(f"asked for {n} devices, {len(devices)} available: {devices}")
+    return Mesh(devices[:n], (axis,))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,12 +82,20 @@ class ClientMap:
 
     mode: MapMode = "auto"
     batch_size: int | None = None
+    mesh: Mesh | None = None
+    axis: str = CLIENT_AXIS
 
     def __post_init__(self):
         if self.mode not in ("auto", "vmap", "map"):
             raise ValueError(f"client_map mode must be 'auto', 'vmap' or 'map', got {self.mode!r}")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"client_map batch_size must be >= 1, got {self.batch_size}")
+        if self.mesh is not None and self.axis not in self.mesh.axis_names:
+            raise ValueError(f"mesh has axes {self.mesh.axis_names}, not {self.axis!r}")
+
+    @property
+    def num_shards(self) -> int:
+        return 1 if self.mesh is None else int(self.mesh.shape[self.axis])
 
     def resolve(self, num: int) -> tuple[str, int]:
         """`(mode, chunk)` used for a cohort of `num` clients."""
@@ -50,6 +109,8 @@ class ClientMap:
 
     def map(self, fn: Callable[..., Any], *xs: Any) -> Any:
         """`[fn(*x_i) for i]`, stacked on axis 0."""
+        if self.mesh is not None:
+            return self._sharded(fn, xs, reduce=False)
         num = _leading(xs)
         mode, bs = self.resolve(num)
         if mode == "vmap" or bs >= num:
@@ -58,6 +119,8 @@ class ClientMap:
 
     def map_sum(self, fn: Callable[..., tuple[Any, Any]], *xs: Any) -> tuple[Any, Any]:
         """For `fn(*x_i) -> (summand_i, out_i)`: `(sum_i summand_i, stacked out_i)`."""
+        if self.mesh is not None:
+            return self._sharded(fn, xs, reduce=True)
         num = _leading(xs)
         mode, bs = self.resolve(num)
         vfn = jax.vmap(fn)
@@ -67,7 +130,7 @@ class ClientMap:
         n_chunks, n_main = num // bs, (num // bs) * bs
         main = jax.tree.map(lambda a: a[:n_main].reshape(n_chunks, bs, *a.shape[1:]), xs)
         summand_shape, _ = jax.eval_shape(fn, *jax.tree.map(lambda a: a[0], xs))
-        acc0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), summand_shape)
+        acc0 = to_varying(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), summand_shape))
 
         def body(acc, chunk):
             summands, outs = vfn(*chunk)
@@ -81,6 +144,43 @@ class ClientMap:
             acc = jax.tree.map(jnp.add, acc, _sum0(summands))
             outs = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), outs, rest_outs)
         return acc, outs
+
+    def _sharded(self, fn: Callable[..., Any], xs: tuple, reduce: bool) -> Any:
+        """shard_map over the client axis; pads the cohort to a multiple of the shard count
+        with (masked) copies of its first entry."""
+        num, shards = _leading(xs), self.num_shards
+        padded = -(-num // shards) * shards
+        valid = jnp.arange(padded) < num
+        xs = jax.tree.map(lambda a: _pad_rows(a, padded), xs)
+        local = dataclasses.replace(self, mesh=None)
+
+        def body(valid, *xs):
+            with _client_axis(self.axis):
+                if not reduce:
+                    return local.map(fn, *xs)
+
+                def masked(v, *x):
+                    summand, out = fn(*x)
+                    return jax.tree.map(lambda a: jnp.where(v, a, jnp.zeros_like(a)), summand), out
+
+                summed, outs = local.map_sum(masked, valid, *xs)
+                return lax.psum(summed, self.axis), outs
+
+        spec = P(self.axis)
+        out_specs = (P(), spec) if reduce else spec
+        out = jax.shard_map(
+            body, mesh=self.mesh, in_specs=(spec,) * (1 + len(xs)), out_specs=out_specs
+        )(valid, *xs)
+        trim = lambda tree: jax.tree.map(lambda a: a[:num], tree)
+        return (out[0], trim(out[1])) if reduce else trim(out)
+
+
+def _pad_rows(a: jax.Array, rows: int) -> jax.Array:
+    a = jnp.asarray(a)
+    if a.shape[0] == rows:
+        return a
+    fill = jnp.broadcast_to(a[:1], (rows - a.shape[0], *a.shape[1:]))
+    return jnp.concatenate([a, fill])
 
 
 def _leading(xs: Any) -> int:

@@ -17,7 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import Mesh
 
+from fedjax_sim import distributed
 from fedjax_sim.algorithms.core import Algorithm, tree_all_finite
 from fedjax_sim.checkpoint import Checkpointer
 from fedjax_sim.data.federated import ArrayData, Batch, FederatedData
@@ -127,6 +129,7 @@ def simulate(
     progress: bool = True,
     meta: dict[str, Any] | None = None,
     client_map: ClientMap = ClientMap(),
+    mesh: Mesh | None = None,
 ) -> History:
     """Runs `num_rounds` steps of `algorithm` and returns the `History`.
 
@@ -145,6 +148,10 @@ def simulate(
       progress: show a tqdm progress bar.
       meta: extra information stored in `History.meta` (e.g. the CLI config).
       client_map: mapping used for per-client evaluation.
+      mesh: a device mesh with a `"clients"` axis: per-client arrays of the data and of the
+        state are placed sharded by client, the rest replicated (build the algorithm with
+        `ClientMap(mesh=mesh)` so cohorts are sharded too). Multi-process runs pass global
+        `data` (see `fedjax_sim.distributed`); only process 0 writes outputs.
 
     Raises:
       NonFiniteError: the global model became NaN/Inf (the message names the round).
@@ -161,6 +168,12 @@ def simulate(
     if params is None:
         params = model.init(jax.random.fold_in(key, INIT_PURPOSE))
     state = algorithm.init(params, key)
+    if mesh is not None:
+        data = distributed.place(data, mesh, data.num_clients)
+        state = distributed.place(state, mesh, data.num_clients)
+        if test is not None:
+            test = distributed.place(test, mesh, data.num_clients)
+    writer = distributed.is_main_process()
     history = History(meta=dict(meta or {}))
     start = 0
     ckpt = Checkpointer(checkpoint_dir) if checkpoint_dir else None
@@ -178,11 +191,12 @@ def simulate(
     evaluate = _compiled_evaluator(model, evaluation, client_map, test is not None)
 
     def do_eval(round_: int, state: Any) -> dict[str, float]:
-        values = {k: float(v) for k, v in evaluate(state.params, data, test).items()}
+        results = distributed.fetch(evaluate(state.params, data, test))
+        values = {k: float(v) for k, v in results.items()}
         history.append_eval(round_, values)
         return values
 
-    bar = _progress(progress, num_rounds, start)
+    bar = _progress(progress and writer, num_rounds, start)
     r = start
     t0 = time.perf_counter()
     last_saved = start
@@ -197,7 +211,7 @@ def simulate(
                 _next_multiple(r, checkpoint_every) if checkpoint_every else num_rounds,
             )
             new_state, metrics = run_chunk(state, data, key, end - r)
-            metrics = jax.tree.map(lambda m: m[: end - r], jax.device_get(metrics))
+            metrics = jax.tree.map(lambda m: m[: end - r], distributed.fetch(metrics))
             finite = np.asarray(metrics.pop("params_finite"))
             history.append_rounds(r + 1, metrics)
             if not finite.all():
@@ -212,7 +226,7 @@ def simulate(
             if bar is not None:
                 bar.update(end - bar.n)
                 bar.set_postfix(_postfix(metrics, values), refresh=False)
-            if out_dir and values:
+            if out_dir and values and writer:
                 history.meta["seconds"] = time.perf_counter() - t0
                 history.save(out_dir, plot=False)
             if ckpt and checkpoint_every and (r % checkpoint_every == 0 or r == num_rounds):
@@ -226,7 +240,7 @@ def simulate(
         if bar is not None:
             bar.close()
         history.meta["seconds"] = time.perf_counter() - t0
-        if out_dir:
+        if out_dir and writer:
             history.save(out_dir)
         if ckpt:
             ckpt.close()

@@ -29,7 +29,7 @@ from jax import lax
 
 from fedjax_sim.data.federated import Batch, ClientData, FederatedData, tree_size_bytes
 from fedjax_sim.events import sample_cohort
-from fedjax_sim.parallel import ClientMap
+from fedjax_sim.parallel import ClientMap, to_varying
 
 Params = Any
 State = Any
@@ -320,7 +320,10 @@ def local_train(
     """
     grad_fn = grad_fn or default_grad_fn
     value_and_grad = jax.value_and_grad(loss_fn)
-    opt_state = optimizer.init(params) if opt_state is None else opt_state
+    # inside a sharded client map, replicated inputs become per-device values first (so that
+    # gradients and optimizer states are local); a no-op otherwise
+    params, aux = to_varying((params, aux))
+    opt_state = optimizer.init(params) if opt_state is None else to_varying(opt_state)
     masked = num_steps is not None
 
     def body(carry, step):
@@ -338,7 +341,7 @@ def local_train(
             loss = jnp.where(active, loss, 0.0)
         return (new_p, new_s, new_a, loss_sum + loss), None
 
-    init = (params, opt_state, aux, jnp.zeros(()))
+    init = (params, opt_state, aux, to_varying(jnp.zeros(())))
     (params, opt_state, aux, loss_sum), _ = lax.scan(body, init, jnp.arange(max_steps))
     steps = jnp.asarray(max_steps, jnp.int32) if num_steps is None else num_steps
     return LocalResult(params, opt_state, aux, loss_sum / jnp.maximum(steps, 1), steps)

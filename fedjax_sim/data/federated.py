@@ -128,10 +128,10 @@ class FederatedData:
 
     def padding_waste(self) -> int:
         """Number of padded rows, `sum_i (N_max - n_i)`."""
-        return int(self.num_clients * self.max_count - int(np.sum(np.asarray(self.counts))))
+        return int(self.num_clients * self.max_count - int(np.sum(_host(self.counts))))
 
     def summary(self) -> dict[str, Any]:
-        counts = np.asarray(self.counts)
+        counts = _host(self.counts)
         return {
             "num_clients": self.num_clients,
             "num_examples": int(counts.sum()),
@@ -142,6 +142,15 @@ class FederatedData:
             "feature_shape": list(self.feature_shape),
             "num_classes": self.num_classes,
         }
+
+
+def _host(x: Array) -> np.ndarray:
+    """NumPy value of a (possibly multi-process, sharded) array."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
 
 
 def _validate_split(prefix: str, x: Array, y: Array, counts: Array, num_classes: int) -> None:

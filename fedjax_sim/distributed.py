@@ -1,0 +1,147 @@
+"""Multi-device and multi-process runs with JAX's own SPMD machinery (no RPC, no Ray).
+
+- One host, many devices: `mesh = client_mesh()` and `ClientMap(mesh=mesh)` shard every
+  cohort over the `"clients"` axis; `simulate(..., mesh=mesh)` places per-client arrays
+  (data rows, per-client algorithm state `[C, ...]`) sharded by client and everything else
+  replicated.
+- Many processes / hosts: call `initialize(...)` first in every process (coordinator
+  address, process count and id from arguments or the `FEDJAX_SIM_*` environment; with none
+  given, JAX auto-detects SLURM, Open MPI and Cloud TPU pods). The mesh then spans the devices
+  of all processes; `local_rows(data, mesh)` keeps only this process's clients and
+  `globalize(local, mesh, num_clients)` assembles global arrays from them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from fedjax_sim.parallel import CLIENT_AXIS
+
+ENV = {
+    "coordinator_address": "FEDJAX_SIM_COORDINATOR",
+    "num_processes": "FEDJAX_SIM_NUM_PROCESSES",
+    "process_id": "FEDJAX_SIM_PROCESS_ID",
+}
+
+
+def initialize(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    *,
+    cpu_collectives: str = "gloo",
+) -> None:
+    """`jax.distributed.initialize` from arguments or `FEDJAX_SIM_COORDINATOR`,
+    `FEDJAX_SIM_NUM_PROCESSES`, `FEDJAX_SIM_PROCESS_ID`; with none set, JAX's auto-detection
+    (SLURM, Open MPI, TPU pods). On CPU, collectives across processes use `cpu_collectives`.
+    """
+    values = {
+        "coordinator_address": coordinator_address,
+        "num_processes": num_processes,
+        "process_id": process_id,
+    }
+    for name, var in ENV.items():
+        if values[name] is None and os.environ.get(var):
+            values[name] = os.environ[var]
+    if values["num_processes"] is not None:
+        values["num_processes"] = int(values["num_processes"])
+    if values["process_id"] is not None:
+        values["process_id"] = int(values["process_id"])
+    given = [v is not None for v in values.values()]
+    if any(given) and not all(given):
+        raise ValueError(
+            "multi-process runs need the coordinator address, the number of processes and "
+            f"this process's id together; got {values}"
+        )
+    n, pid = values["num_processes"], values["process_id"]
+    if n is not None and not 0 <= pid < n:
+        raise ValueError(f"process id {pid} outside [0, {n})")
+    jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
+    jax.distributed.initialize(**{k: v for k, v in values.items() if v is not None})
+
+
+def is_main_process() -> bool:
+    return jax.process_index() == 0
+
+
+def _client_spec(x: Any, mesh: Mesh, num_clients: int, axis: str) -> NamedSharding:
+    shards = mesh.shape[axis]
+    rows = np.shape(x)[0] if np.ndim(x) else None
+    if rows == num_clients and num_clients % shards == 0:
+        return NamedSharding(mesh, P(axis))
+    return NamedSharding(mesh, P())
+
+
+def place(tree: Any, mesh: Mesh, num_clients: int, axis: str = CLIENT_AXIS) -> Any:
+    """Puts per-client leaves (leading dimension `num_clients`, divisible by the number of
+    shards) sharded over `axis` and every other leaf replicated. Leaves that are already
+    global multi-process arrays are kept. Placement never changes results, only where data
+    lives."""
+
+    def put(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return x
+        return jax.device_put(x, _client_spec(x, mesh, num_clients, axis))
+
+    return jax.tree.map(put, tree)
+
+
+def process_rows(num_clients: int, mesh: Mesh, axis: str = CLIENT_AXIS) -> tuple[int, int]:
+    """`[start, stop)` of the client rows stored on this process's devices (the mesh's
+    devices are taken in order, so a process owns one contiguous block)."""
+    shards = mesh.shape[axis]
+    if num_clients % shards:
+        raise ValueError(
+            f"{num_clients} clients cannot be split evenly over {shards} devices; choose a "
+            "multiple of the device count"
+        )
+    per = num_clients // shards
+    mine = [i for i, d in enumerate(mesh.devices.flat) if d.process_index == jax.process_index()]
+    start, stop = min(mine) * per, (max(mine) + 1) * per
+    if stop - start != len(mine) * per:
+        raise ValueError("this process's devices are not contiguous on the mesh")
+    return start, stop
+
+
+def local_rows(tree: Any, mesh: Mesh, num_clients: int, axis: str = CLIENT_AXIS) -> Any:
+    """This process's rows of every per-client leaf (others unchanged)."""
+    start, stop = process_rows(num_clients, mesh, axis)
+    return jax.tree.map(
+        lambda x: x[start:stop] if np.ndim(x) and np.shape(x)[0] == num_clients else x, tree
+    )
+
+
+def globalize(local: Any, mesh: Mesh, num_clients: int, axis: str = CLIENT_AXIS) -> Any:
+    """Global arrays from each process's rows: leaves with this process's row count become
+    `[num_clients, ...]` arrays sharded over `axis`; other leaves are replicated (every
+    process must pass the same values for them)."""
+    start, stop = process_rows(num_clients, mesh, axis)
+
+    def make(x):
+        x = np.asarray(x)
+        if x.ndim and x.shape[0] == stop - start:
+            sharding = NamedSharding(mesh, P(axis))
+            return jax.make_array_from_process_local_data(sharding, x, (num_clients, *x.shape[1:]))
+        return jax.make_array_from_process_local_data(NamedSharding(mesh, P()), x, x.shape)
+
+    return jax.tree.map(make, local)
+
+
+def fetch(tree: Any) -> Any:
+    """Host NumPy values of (possibly multi-process) arrays, identical on every process."""
+    from jax.experimental import multihost_utils
+
+    def get(x):
+        if not isinstance(x, jax.Array) or x.is_fully_addressable:
+            return np.asarray(jax.device_get(x))
+        if x.is_fully_replicated:
+            return np.asarray(x.addressable_data(0))
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+    return jax.tree.map(get, tree)

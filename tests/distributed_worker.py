@@ -1,0 +1,178 @@
+"""Worker for tests/test_distributed.py (run in subprocesses with several CPU devices).
+
+python tests/distributed_worker.py sharded OUT.npz
+    4 virtual devices: sharded vs unsharded runs of the same algorithms.
+python tests/distributed_worker.py process PID NPROC PORT OUT.npz
+    one process of a multi-process run (2 virtual devices per process, gloo collectives).
+"""
+
+import os
+import sys
+
+mode = sys.argv[1]
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=" + (
+    "4" if mode == "sharded" else "2"
+)
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from fedjax_sim import distributed  # noqa: E402
+from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg, fedprox  # noqa: E402
+from fedjax_sim.algorithms.core import local_train, minibatch  # noqa: E402
+from fedjax_sim.data import least_squares  # noqa: E402
+from fedjax_sim.models import linear_regression  # noqa: E402
+from fedjax_sim.parallel import ClientMap, client_mesh  # noqa: E402
+from fedjax_sim.simulate import EvalSpec, simulate  # noqa: E402
+
+ROUNDS = 4
+# (algorithm, cohort, map mode): FedAvg, and FedProx (momentum client optimizer, proximal
+# hook) with a cohort of 10 padded to 12 on 4 devices, in both map modes
+CASES = [
+    ("fedavg", "cohort8", "vmap"),
+    ("fedprox", "cohort10", "vmap"),
+    ("fedprox", "cohort10", "map2"),
+    ("fedprox", "full", "map2"),
+]
+
+
+def problem():
+    return least_squares(num_clients=16, examples_per_client=np.arange(3, 19), dim=3, seed=2)
+
+
+def run(alg, data, rounds=ROUNDS):
+    key = jax.random.key(0)
+    state = alg.init({"w": jnp.ones(3)}, key)
+    step = jax.jit(alg.step)
+    for _ in range(rounds):
+        state, _ = step(state, data, key)
+    return np.asarray(state.params["w"])
+
+
+def algorithms(client_map, cohort):
+    model = linear_regression(3)
+    local = LocalSpec(epochs=2, batch_size=4)
+    return {
+        "fedavg": fedavg(
+            model.loss, client_optimizer=0.05, local=local, cohort=cohort, client_map=client_map
+        ),
+        "fedprox": fedprox(
+            model.loss,
+            mu=0.1,
+            client_optimizer=optax.sgd(0.05, momentum=0.5),
+            local=local,
+            cohort=cohort,
+            client_map=client_map,
+        ),
+    }
+
+
+def sharded(out):
+    data = problem().data
+    mesh = client_mesh(4)
+    results = {}
+    cohorts = {"cohort8": CohortSpec(size=8), "cohort10": CohortSpec(size=10), "full": CohortSpec()}
+    maps = {"vmap": ClientMap("vmap"), "map2": ClientMap("map", 2)}
+    for name, cohort_name, map_name in CASES:
+        cmap = maps[map_name]
+        plain = algorithms(cmap, cohorts[cohort_name])[name]
+        shard = algorithms(ClientMap(cmap.mode, cmap.batch_size, mesh=mesh), cohorts[cohort_name])[
+            name
+        ]
+        results[f"{name}/{cohort_name}/{map_name}/plain"] = run(plain, data)
+        results[f"{name}/{cohort_name}/{map_name}/sharded"] = run(shard, data)
+
+    # the pitfall: a gradient step inside shard_map WITHOUT pcast silently sums the gradient
+    # of the replicated params over devices; local_train under ClientMap(mesh) does not
+    model = linear_regression(3)
+    params = {"w": jnp.ones(3)}
+    ids = jnp.arange(8)
+
+    def gd_step(cid):
+        batch = minibatch(data.client(cid), jax.random.key(0), 0, 1, "full")
+        grads = jax.grad(model.loss)(params, batch)
+        return params["w"] - 0.05 * grads["w"]
+
+    def train(cid):
+        return local_train(
+            params,
+            data.client(cid),
+            jax.random.key(0),
+            loss_fn=model.loss,
+            optimizer=optax.sgd(0.05),
+            max_steps=1,
+            sampling="full",
+        ).params["w"]
+
+    naive = jax.jit(
+        jax.shard_map(
+            jax.vmap(gd_step), mesh=mesh, in_specs=jax.P("clients"), out_specs=jax.P("clients")
+        )
+    )(ids)
+    results["pitfall/naive"] = np.asarray(naive)
+    results["pitfall/clientmap"] = np.asarray(
+        jax.jit(lambda i: ClientMap("vmap", mesh=mesh).map(train, i))(ids)
+    )
+    results["pitfall/reference"] = np.asarray(jax.vmap(gd_step)(ids))
+
+    # simulate with a mesh: data/state placed by client, outputs identical to a plain run
+    alg_plain = algorithms(ClientMap("vmap"), CohortSpec(size=8))["fedavg"]
+    alg_shard = algorithms(ClientMap("vmap", mesh=mesh), CohortSpec(size=8))["fedavg"]
+    kw = dict(
+        model=model,
+        num_rounds=6,
+        params={"w": jnp.ones(3)},
+        evaluation=EvalSpec(every=3, train=True),
+        progress=False,
+    )
+    h_plain = simulate(alg_plain, data, jax.random.key(3), **kw)
+    h_shard = simulate(alg_shard, data, jax.random.key(3), mesh=mesh, **kw)
+    results["simulate/plain"] = np.asarray(h_plain.metric("train_loss"))
+    results["simulate/sharded"] = np.asarray(h_shard.metric("train_loss"))
+    results["simulate/plain_eval"] = np.array([e["train_objective"] for e in h_plain.evals])
+    results["simulate/sharded_eval"] = np.array([e["train_objective"] for e in h_shard.evals])
+    np.savez(out, **results)
+
+
+def process(pid, nproc, port, out):
+    distributed.initialize(f"localhost:{port}", nproc, pid)
+    mesh = client_mesh()  # every device of every process
+    full = problem().data
+    data = distributed.globalize(distributed.local_rows(full, mesh, 16), mesh, 16)
+    model = linear_regression(3)
+    alg = algorithms(ClientMap("vmap", mesh=mesh), CohortSpec(size=10))["fedprox"]
+    hist = simulate(
+        alg,
+        data,
+        jax.random.key(0),
+        model=model,
+        num_rounds=ROUNDS,
+        params={"w": jnp.ones(3)},
+        evaluation=EvalSpec(every=2),
+        progress=False,
+        mesh=mesh,
+    )
+    state = alg.init({"w": jnp.ones(3)}, jax.random.key(0))
+    state = distributed.place(state, mesh, 16)
+    step = jax.jit(alg.step)
+    for _ in range(ROUNDS):
+        state, _ = step(state, data, jax.random.key(0))
+    w = distributed.fetch(state.params["w"])
+    if pid == 0:
+        np.savez(
+            out,
+            w=w,
+            devices=jax.device_count(),
+            processes=jax.process_count(),
+            train_loss=np.asarray(hist.metric("train_loss")),
+        )
+
+
+if __name__ == "__main__":
+    if mode == "sharded":
+        sharded(sys.argv[2])
+    else:
+        process(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
