@@ -84,7 +84,8 @@ class RunConfig:
     """Shard the client axis over this many devices (on CPU: virtual devices). With
     multi-process flags the default is every device of every process."""
     coordinator: str | None = None
-    """Multi-process: coordinator host:port (or env FEDJAX_SIM_COORDINATOR)."""
+    """Multi-process: coordinator host:port, or "auto" for SLURM/MPI/TPU-pod auto-detection
+    (or env FEDJAX_SIM_COORDINATOR)."""
     num_processes: int | None = None
     """Multi-process: number of processes (or env FEDJAX_SIM_NUM_PROCESSES)."""
     process_id: int | None = None

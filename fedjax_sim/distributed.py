@@ -6,7 +6,7 @@
   replicated.
 - Many processes / hosts: call `initialize(...)` first in every process (coordinator
   address, process count and id from arguments or the `FEDJAX_SIM_*` environment; with none
-  given, JAX auto-detects SLURM, Open MPI and Cloud TPU pods). The mesh then spans the devices
+  the coordinator "auto", JAX auto-detects SLURM, Open MPI and Cloud TPU pods). The mesh then spans the devices
   of all processes; `local_rows(data, mesh)` keeps only this process's clients and
   `globalize(local, mesh, num_clients)` assembles global arrays from them.
 """
@@ -38,8 +38,9 @@ def initialize(
     cpu_collectives: str = "gloo",
 ) -> None:
     """`jax.distributed.initialize` from arguments or `FEDJAX_SIM_COORDINATOR`,
-    `FEDJAX_SIM_NUM_PROCESSES`, `FEDJAX_SIM_PROCESS_ID`; with none set, JAX's auto-detection
-    (SLURM, Open MPI, TPU pods). On CPU, collectives across processes use `cpu_collectives`.
+    `FEDJAX_SIM_NUM_PROCESSES`, `FEDJAX_SIM_PROCESS_ID` (all three together), or with the
+    coordinator `"auto"`, JAX's cluster auto-detection (SLURM, Open MPI, Cloud TPU pods).
+    On CPU, collectives across processes use `cpu_collectives`.
     """
     values = {
         "coordinator_address": coordinator_address,
@@ -53,6 +54,10 @@ def initialize(
         values["num_processes"] = int(values["num_processes"])
     if values["process_id"] is not None:
         values["process_id"] = int(values["process_id"])
+    jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
+    if values["coordinator_address"] == "auto":  # cluster auto-detection (SLURM, MPI, TPU)
+        jax.distributed.initialize()
+        return
     given = [v is not None for v in values.values()]
     if any(given) and not all(given):
         raise ValueError(
@@ -62,7 +67,6 @@ def initialize(
     n, pid = values["num_processes"], values["process_id"]
     if n is not None and not 0 <= pid < n:
         raise ValueError(f"process id {pid} outside [0, {n})")
-    jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
     jax.distributed.initialize(**{k: v for k, v in values.items() if v is not None})
 
 
