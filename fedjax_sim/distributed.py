@@ -5,9 +5,9 @@
   (data rows, per-client algorithm state `[C, ...]`) sharded by client and everything else
   replicated.
 - Many processes / hosts: call `initialize(...)` first in every process (coordinator
-  address, process count and id from arguments or the `FEDJAX_SIM_*` environment; with none
-  the coordinator "auto", JAX auto-detects SLURM, Open MPI and Cloud TPU pods). The mesh then spans the devices
-  of all processes; `local_rows(data, mesh)` keeps only this process's clients and
+  address, process count and id from arguments or the `FEDJAX_SIM_*` environment; with the
+  coordinator "auto", JAX auto-detects SLURM, Open MPI and Cloud TPU pods). The mesh then
+  spans the devices of all processes; `local_rows(data, mesh)` keeps only this process's clients and
   `globalize(local, mesh, num_clients)` assembles global arrays from them.
 """
 
