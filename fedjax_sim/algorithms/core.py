@@ -339,7 +339,7 @@ def local_train(
                 jax.tree.map(keep, *t) for t in ((new_p, p), (new_s, s), (new_a, a))
             )
             loss = jnp.where(active, loss, 0.0)
-        return (new_p, new_s, new_a, loss_sum + loss), None
+        return (new_p, new_s, new_a, loss_sum + loss.astype(loss_sum.dtype)), None
 
     init = (params, opt_state, aux, to_varying(jnp.zeros(())))
     (params, opt_state, aux, loss_sum), _ = lax.scan(body, init, jnp.arange(max_steps))
