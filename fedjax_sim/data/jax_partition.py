@@ -14,8 +14,8 @@ multi-operand `lax.sort` is ~8x slower than sorting one uint32 array and `jax.ra
   `F^{-1}(low b bits)`. This is a pseudo-random permutation, not an exactly uniform one (fine for
   partitioning; the NumPy partitioners are the exact reference). When the labels do not fit in
   the `32 - b` spare bits it falls back to a (label, random bits, index) `lax.sort`.
-- Gamma draws use Marsaglia-Tsang for `Gamma(alpha + 1)` (2 vectorised tries, then a loop that
-  redraws only the rejected entries) and the boost `Gamma(alpha) = Gamma(alpha + 1) U^(1/alpha)`
+- Gamma draws use Marsaglia-Tsang for `Gamma(alpha + 1)` (3 vectorised tries, then a loop that
+  redraws only the rejected entries; uniforms from 24 random bits, normals by Box-Muller) and the boost `Gamma(alpha) = Gamma(alpha + 1) U^(1/alpha)`
   in log space, so alpha = 1e-3 gives valid, nearly one-hot proportions (no 0/0).
 - "which client owns sorted position j" is answered for all j at once by counting how many cut
   points are <= j (a scatter-add histogram of the cut points and a cumulative sum).
@@ -131,7 +131,16 @@ def _random_order(key: jax.Array, n: int, labels: jax.Array | None = None, num_l
     return order, sorted_labels
 
 
-def _log_gamma(key: jax.Array, alpha: jax.Array | float, shape: tuple[int, ...], tries: int = 2):
+def _uniform_normal(key: jax.Array, shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+    """`(u, z)`: U(0, 1] and N(0, 1) draws (Box-Muller) from one call for random bits."""
+    bits = jax.random.bits(key, (3, *shape), jnp.uint32)
+    u = ((bits >> 8).astype(jnp.float32) + 1.0) * (1.0 / (1 << 24))  # (0, 1]
+    u1, u2, u3 = u[0], u[1], u[2]
+    z = jnp.sqrt(-2.0 * jnp.log(u1)) * jnp.cos((2.0 * np.pi) * u2)
+    return u3, z
+
+
+def _log_gamma(key: jax.Array, alpha: jax.Array | float, shape: tuple[int, ...], tries: int = 3):
     """`log Gamma(alpha, 1)` draws: Marsaglia-Tsang for Gamma(alpha + 1) plus the boost
     `log U / alpha`. Entries rejected by all `tries` vectorised attempts are redrawn in a loop
     over a compacted buffer, so every draw is exact."""
@@ -139,35 +148,31 @@ def _log_gamma(key: jax.Array, alpha: jax.Array | float, shape: tuple[int, ...],
     c = 1.0 / jnp.sqrt(9.0 * d)
     size = int(np.prod(shape))
 
-    def attempt(k, m, t):  # t vectorised tries of m draws: (log values [t, m], accepted)
-        kz, ku = jax.random.split(k)
-        z = jax.random.normal(kz, (t, m))
-        log_u = jnp.log(jax.random.uniform(ku, (t, m), minval=jnp.finfo(jnp.float32).tiny))
+    def attempt(k, shape):  # (log value, accepted)
+        u, z = _uniform_normal(k, shape)
         v = (1.0 + c * z) ** 3
         log_v = jnp.log(jnp.where(v > 0, v, 1.0))
-        ok = (v > 0) & (log_u < 0.5 * z * z + d - d * v + d * log_v)
+        ok = (v > 0) & (jnp.log(u) < 0.5 * z * z + d - d * v + d * log_v)
         return jnp.log(d) + log_v, ok
 
     k_first, k_loop, k_boost = jax.random.split(key, 3)
-    values, oks = attempt(k_first, size, tries)
+    values, oks = attempt(k_first, (tries, size))
     first = jnp.argmax(oks, axis=0)  # first accepted try (0 if none)
     value = jnp.take_along_axis(values, first[None], axis=0)[0]
     done = jnp.any(oks, axis=0)
-    buffer = min(size, 1024 + size // 32)
+    buffer = min(size, 1024 + size // 256)
 
     def redraw(carry):
         value, done, k = carry
         k, k_try = jax.random.split(k)
         (idx,) = jnp.nonzero(~done, size=buffer, fill_value=size)
-        new, ok = attempt(k_try, buffer, 1)
-        new, ok = new[0], ok[0]
+        new, ok = attempt(k_try, (buffer,))
         value = value.at[idx].set(new, mode="drop")
         done = done.at[idx].set(ok, mode="drop")
         return value, done, k
 
     value, _, _ = jax.lax.while_loop(lambda c: ~jnp.all(c[1]), redraw, (value, done, k_loop))
-    tiny = jnp.finfo(jnp.float32).tiny
-    log_u = jnp.log(jax.random.uniform(k_boost, (size,), minval=tiny))
+    log_u = jnp.log(_uniform_normal(k_boost, (size,))[0])
     return (value + log_u / alpha).reshape(shape)
 
 
