@@ -14,9 +14,10 @@ multi-operand `lax.sort` is ~8x slower than sorting one uint32 array and `jax.ra
   `F^{-1}(low b bits)`. This is a pseudo-random permutation, not an exactly uniform one (fine for
   partitioning; the NumPy partitioners are the exact reference). When the labels do not fit in
   the `32 - b` spare bits it falls back to a (label, random bits, index) `lax.sort`.
-- Gamma draws use Marsaglia-Tsang for `Gamma(alpha + 1)` (3 vectorised tries, then a loop that
-  redraws only the rejected entries; uniforms from 24 random bits, normals by Box-Muller) and the boost `Gamma(alpha) = Gamma(alpha + 1) U^(1/alpha)`
-  in log space, so alpha = 1e-3 gives valid, nearly one-hot proportions (no 0/0).
+- Gamma draws use Marsaglia-Tsang for `Gamma(alpha + 1)` (3 vectorised tries, then a loop
+  that redraws only the rejected entries; uniforms from 24 random bits, normals by Box-Muller)
+  and the boost `Gamma(alpha) = Gamma(alpha + 1) U^(1/alpha)` in log space, so alpha = 1e-3
+  gives valid, nearly one-hot proportions (no 0/0).
 - "which client owns sorted position j" is answered for all j at once by counting how many cut
   points are <= j (a scatter-add histogram of the cut points and a cumulative sum).
 All index arithmetic stays in int32 (no x64 needed): equal splits use `N = q C + r` instead

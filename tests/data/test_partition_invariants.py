@@ -18,7 +18,8 @@ partition = importlib.import_module("fedjax_sim.data.partition")  # the module, 
 
 
 def device(name, labels, num_clients, seed, **kw):
-    return np.asarray(jax_partition.partition(name, jax.random.key(seed), labels, num_clients, **kw))
+    key = jax.random.key(seed)
+    return np.asarray(jax_partition.partition(name, key, labels, num_clients, **kw))
 
 
 # ---------------------------------------------------------------- scale invariants (10^5 clients)
@@ -71,9 +72,9 @@ def test_numpy_partitioners_at_1e5_clients(name):
 
 def test_random_order_is_a_permutation_grouped_by_label():
     labels = jnp.asarray(np.random.default_rng(1).integers(0, 7, 5000), jnp.int32)
-    order, sorted_labels = jax.jit(
-        lambda k, y: jax_partition._random_order(k, 5000, y, 7)
-    )(jax.random.key(0), labels)
+    order, sorted_labels = jax.jit(lambda k, y: jax_partition._random_order(k, 5000, y, 7))(
+        jax.random.key(0), labels
+    )
     order, sorted_labels = np.asarray(order), np.asarray(sorted_labels)
     np.testing.assert_array_equal(np.sort(order), np.arange(5000))
     np.testing.assert_array_equal(sorted_labels, np.asarray(labels)[order])
