@@ -232,9 +232,11 @@ def run(cfg: RunConfig) -> int:
     except (ValueError, TypeError, FileNotFoundError) as e:  # bad settings or missing data
         raise UsageError(str(e)) from e
     summary = dataset.train.summary()
+    natural = cfg.dataset in ("shakespeare", "fedprox_synthetic")
+    partition_name = "natural" if natural else cfg.partition
     print(
         f"{cfg.algorithm} on {dataset.name}: {summary['num_clients']} clients, "
-        f"{summary['num_examples']} training examples, {cfg.partition} partition, "
+        f"{summary['num_examples']} training examples, {partition_name} partition, "
         f"model {model.name}, {cfg.rounds} rounds, results -> {out_dir}",
         flush=True,
     )
