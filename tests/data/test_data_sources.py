@@ -229,9 +229,16 @@ def test_from_arrays_natural_ids_and_partitioned():
     assert ds.train.num_clients == 3 and ds.num_classes == 4
     np.testing.assert_array_equal(np.asarray(ds.train.counts), [30, 30, 30])
     np.testing.assert_array_equal(np.asarray(ds.train.x[1, :30]), x[1::3])  # "bob", in order
-    ds = data.from_arrays(x, y, num_clients=9, partitioner="shards", per_client=2)
-    counts = np.asarray(ds.train.counts) + np.asarray(ds.train.test_counts)
-    np.testing.assert_array_equal(counts, np.full(9, 10))
+    for backend in ("numpy", "jax"):
+        ds = data.from_arrays(x, y, num_clients=9, partitioner="shards", per_client=2,
+                              backend=backend)  # fmt: skip
+        counts = np.asarray(ds.train.counts) + np.asarray(ds.train.test_counts)
+        np.testing.assert_array_equal(counts, np.full(9, 10))
+        train_x, _, _ = unpack(ds.train)
+        test_x, _, _ = unpack(ds.train.replace(x=ds.train.x_test, y=ds.train.y_test,
+                                               counts=ds.train.test_counts))  # fmt: skip
+        np.testing.assert_array_equal(rows_as_set(np.concatenate([train_x, test_x])),
+                                      rows_as_set(x))  # fmt: skip
 
 
 def test_from_client_lists_keeps_each_client():
