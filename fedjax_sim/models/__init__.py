@@ -4,11 +4,14 @@ from collections.abc import Callable
 
 from fedjax_sim.models.base import Model, l2_norm_sq, masked_mean
 from fedjax_sim.models.nets import cnn, count_params, linear_regression, logistic_regression, mlp
+from fedjax_sim.models.rnn import char_gru, char_lstm, char_rnn
 
 MODELS: dict[str, Callable[..., Model]] = {
     "logistic": logistic_regression,
     "mlp": mlp,
     "cnn": cnn,
+    "lstm": char_lstm,
+    "gru": char_gru,
 }
 
 
@@ -23,6 +26,9 @@ __all__ = [
     "MODELS",
     "Model",
     "build",
+    "char_gru",
+    "char_lstm",
+    "char_rnn",
     "cnn",
     "count_params",
     "l2_norm_sq",
