@@ -237,6 +237,8 @@ def build_run(cfg: RunConfig, mesh=None):
     client_map = ClientMap(cfg.client_map, cfg.map_batch_size, mesh=mesh)
     common = {
         "client_optimizer": cfg.client_lr,
+        "client_lr": cfg.client_lr,
+        "num_clients": cfg.num_clients,
         "server_optimizer": cfg.server_lr,
         "server_lr": cfg.server_lr,
         "learning_rate": cfg.client_lr,

@@ -23,6 +23,7 @@ from fedjax_sim.algorithms.core import (
     server_update,
     weighted_mean,
 )
+from fedjax_sim.algorithms.fedadam import adam_without_bias_correction, fedadam_reddi
 from fedjax_sim.algorithms.fedavg import (
     ServerState,
     fedadagrad,
@@ -34,7 +35,13 @@ from fedjax_sim.algorithms.fedavg import (
     fedyogi,
     server_optimizer,
 )
+from fedjax_sim.algorithms.fedcm import fedcm
+from fedjax_sim.algorithms.feddyn import feddyn
+from fedjax_sim.algorithms.fedmim import fedmim
 from fedjax_sim.algorithms.fedprox import fedprox
+from fedjax_sim.algorithms.fedsam import fedsam, mofedsam
+from fedjax_sim.algorithms.scaffold import scaffold
+from fedjax_sim.algorithms.schedules import client_sgd, round_decay
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
 _DESCRIPTIONS: dict[str, str] = {}
@@ -57,6 +64,17 @@ register("fedavgm", fedavgm, "FedAvgM: FedAvg with server momentum (Hsu et al. 2
 register("fedadam", fedadam, "FedAdam: server Adam, optax bias-corrected (Reddi et al. 2021).")
 register("fedyogi", fedyogi, "FedYogi: server Yogi (Reddi et al. 2021).")
 register("fedadagrad", fedadagrad, "FedAdagrad: server Adagrad (Reddi et al. 2021).")
+register(
+    "fedadam_reddi",
+    fedadam_reddi,
+    "FedAdam as in Reddi et al. Alg. 2 / the FedMIM paper: server Adam, no bias correction.",
+)
+register("fedmim", fedmim, "FedMIM: multi-step inertial momentum (Liu et al., Algorithm 1).")
+register("fedcm", fedcm, "FedCM: client-level momentum (Xu et al. 2021).")
+register("scaffold", scaffold, "SCAFFOLD option II: per-client control variates (ICML 2020).")
+register("feddyn", feddyn, "FedDyn: dynamic regularization, per-client h_i (ICLR 2021).")
+register("fedsam", fedsam, "FedSAM: local SAM steps, FedAvg aggregation (Qu et al. 2022).")
+register("mofedsam", mofedsam, "MoFedSAM: FedCM with local SAM gradients (Qu et al. 2022).")
 
 
 def describe(name: str) -> str:
@@ -92,21 +110,31 @@ __all__ = [
     "ServerState",
     "Stragglers",
     "accepted_kwargs",
+    "adam_without_bias_correction",
     "build",
     "client_key",
+    "client_sgd",
     "describe",
     "fedadagrad",
     "fedadam",
+    "fedadam_reddi",
     "fedavg",
     "fedavgm",
+    "fedcm",
+    "feddyn",
+    "fedmim",
     "fedopt",
     "fedprox",
+    "fedsam",
     "fedsgd",
     "fedyogi",
     "local_train",
     "map_cohort",
+    "mofedsam",
     "register",
+    "round_decay",
     "round_key",
+    "scaffold",
     "server_optimizer",
     "server_update",
     "weighted_mean",

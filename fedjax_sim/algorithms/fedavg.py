@@ -39,6 +39,7 @@ from fedjax_sim.algorithms.core import (
     Stragglers,
     client_key,
     client_optimizer_for_round,
+    consistency,
     local_train,
     map_cohort,
     payload_metrics,
@@ -46,6 +47,7 @@ from fedjax_sim.algorithms.core import (
     server_optimizer_from,
     server_update,
     tree_norm,
+    tree_sq_norm,
     tree_sub,
 )
 from fedjax_sim.data.federated import FederatedData
@@ -107,10 +109,11 @@ def local_update_round(
                 sampling=local.sampling,
                 grad_fn=grad_fn,
             )
-            return (tree_sub(result.params, state.params), result.loss), result.steps
+            delta = tree_sub(result.params, state.params)
+            return (delta, result.loss, tree_sq_norm(delta)), result.steps
 
         out = map_cohort(client_fn, idx, weights, num_steps, client_map=client_map)
-        mean_delta, train_loss = out.mean
+        mean_delta, train_loss, mean_sq_norm = out.mean
         contributed = out.total_weight > 0
         params, opt_state = server_update(
             state.params, mean_delta, server_opt, state.opt_state, apply=contributed
@@ -123,7 +126,8 @@ def local_update_round(
             "local_steps": jnp.sum(jnp.where(weights > 0, out.outputs, 0))
             / jnp.maximum(participants, 1),
             "update_norm": tree_norm(mean_delta),
-            **payload_metrics(state.params, participants, jnp.int32(idx.shape[0])),
+            "consistency": consistency(mean_sq_norm, mean_delta),
+            **payload_metrics(state.params, participants, cohort.downloads(idx, weights)),
         }
         return ServerState(params=params, opt_state=opt_state, round=state.round + 1), metrics
 
