@@ -35,6 +35,7 @@ from fedjax_sim.algorithms.fedavg import (
     server_optimizer,
 )
 from fedjax_sim.algorithms.fedprox import fedprox
+from fedjax_sim.algorithms.fixed_point import ef_fedavg, ef_fedprox, fp_fedavg, fp_fedprox
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
 _DESCRIPTIONS: dict[str, str] = {}
@@ -57,6 +58,10 @@ register("fedavgm", fedavgm, "FedAvgM: FedAvg with server momentum (Hsu et al. 2
 register("fedadam", fedadam, "FedAdam: server Adam, optax bias-corrected (Reddi et al. 2021).")
 register("fedyogi", fedyogi, "FedYogi: server Yogi (Reddi et al. 2021).")
 register("fedadagrad", fedadagrad, "FedAdagrad: server Adagrad (Reddi et al. 2021).")
+register("fp_fedavg", fp_fedavg, "FedAvg as T local SGD steps of step s_k/T (Beikmohammadi+ 2024).")
+register("fp_fedprox", fp_fedprox, "FedProx as one prox_{s_k F_i} per round (Beikmohammadi+ 2024).")
+register("ef_fedavg", ef_fedavg, "Error-feedback FedAvg, top-1% uploads (Beikmohammadi+ 2024).")
+register("ef_fedprox", ef_fedprox, "Error-feedback FedProx, top-1% uploads (Beikmohammadi+ 2024).")
 
 
 def describe(name: str) -> str:
@@ -95,6 +100,8 @@ __all__ = [
     "build",
     "client_key",
     "describe",
+    "ef_fedavg",
+    "ef_fedprox",
     "fedadagrad",
     "fedadam",
     "fedavg",
@@ -103,6 +110,8 @@ __all__ = [
     "fedprox",
     "fedsgd",
     "fedyogi",
+    "fp_fedavg",
+    "fp_fedprox",
     "local_train",
     "map_cohort",
     "register",

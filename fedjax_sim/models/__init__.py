@@ -3,12 +3,14 @@
 from collections.abc import Callable
 
 from fedjax_sim.models.base import Model, l2_norm_sq, masked_mean
+from fedjax_sim.models.lenet import lenet
 from fedjax_sim.models.nets import cnn, count_params, linear_regression, logistic_regression, mlp
 
 MODELS: dict[str, Callable[..., Model]] = {
     "logistic": logistic_regression,
     "mlp": mlp,
     "cnn": cnn,
+    "lenet": lenet,
 }
 
 
@@ -26,6 +28,7 @@ __all__ = [
     "cnn",
     "count_params",
     "l2_norm_sq",
+    "lenet",
     "linear_regression",
     "logistic_regression",
     "masked_mean",
