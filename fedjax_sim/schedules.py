@@ -204,7 +204,9 @@ def ef_fedavg_constants(
     weight = 4.0 * (1.0 + 1.5 * L) * L**2 / delta
     a = weight * ef_fedavg_cap(L, delta)
     c2 = 16.0 * factor * a / 3.0 + 1.5 * L
-    c3 = 14.0 * factor * a / 3.0 + (13.0 * L / 8.0 if sigma_coefficient is None else sigma_coefficient)
+    c3 = 14.0 * factor * a / 3.0 + (
+        13.0 * L / 8.0 if sigma_coefficient is None else sigma_coefficient
+    )
     return RateConstants(2.0 * L * c2, 0.25, 2.0 * L * c2 * delta_inf + c3 * sigma2, weight)
 
 
@@ -270,7 +272,9 @@ def single_phase_bound(
     return out
 
 
-def theorem3_bound(rc: RateConstants, r_max: float, s0: float, rho: float, num_rounds: int) -> float:
+def theorem3_bound(
+    rc: RateConstants, r_max: float, s0: float, rho: float, num_rounds: int
+) -> float:
     """Theorem 3 as stated (`K = M P`, `P = 2K / log_rho K`, `0 <= V_k <= R`):
     `R / (b2 s0 sqrt K) + C B log_rho(K) / (2 s0 sqrt K)`, `B = exp(2 b1 s0^2 /
     min(log_rho 2, 1))`, `C = (R + b3/b1) / b2`. Its proof is flawed (spec 7.4); it is implied

@@ -112,6 +112,8 @@ def lenet(
         raise ValueError(f"lenet has two conv layers, got channels={tuple(channels)}")
     image = _image_shape(input_shape)
     if image[0] % 4 or image[1] % 4 or min(image[:2]) < 16:
-        raise ValueError(f"lenet needs images of at least 16x16 with sides divisible by 4, got {image}")
+        raise ValueError(
+            f"lenet needs images of at least 16x16 with sides divisible by 4, got {image}"
+        )
     module = _LeNet(image, tuple(channels), dense, num_classes, conv)
     return _from_module(module, input_shape, "lenet", l2=l2)
