@@ -57,7 +57,12 @@ def make_schedule(name: str, rounds: int):
 def make_algorithm(name, loss, schedule, args, client_map):
     common = dict(step_size=schedule, cohort=CohortSpec(weighting="counts"), client_map=client_map)
     local = LocalSpec(steps=args.local_steps, batch_size=args.batch_size)
-    prox = dict(inner_steps=args.local_steps, inner_lr=0.1, batch_size=args.batch_size)
+    prox = dict(
+        inner_steps=args.inner_steps or args.local_steps,
+        inner_lr=args.inner_lr,
+        batch_size=args.batch_size,
+        cap_inner_lr=not args.no_cap,
+    )
     ef = dict(num_clients=NUM_CLIENTS, compressor=TopK(fraction=0.01))
     if name == "FedAvg":
         return fp_fedavg(loss, local=local, divide_by_T=False, **common)
@@ -101,6 +106,10 @@ def main() -> None:
     ap.add_argument("--eval-per-client", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--algorithms", nargs="*", default=list(ALGORITHMS))
+    ap.add_argument("--inner-lr", type=float, default=0.1, help="FedProx inner GD lr")
+    ap.add_argument("--inner-steps", type=int, default=None, help="J (default: local steps)")
+    ap.add_argument("--no-cap", action="store_true", help="inner lr not capped at s_k")
+    ap.add_argument("--tag", default="", help="suffix of the output file name")
     ap.add_argument("--out", default="experiments/results/stepsizes")
     args = ap.parse_args()
 
@@ -150,7 +159,7 @@ def main() -> None:
                 flush=True,
             )
             os.makedirs(args.out, exist_ok=True)
-            with open(os.path.join(args.out, f"{args.schedule}.json"), "w") as f:
+            with open(os.path.join(args.out, f"{args.schedule}{args.tag}.json"), "w") as f:
                 json.dump(results, f, indent=1)
 
 

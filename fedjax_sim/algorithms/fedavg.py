@@ -185,7 +185,9 @@ def _gather_memory(memory: Any, idx: jax.Array, num_clients: int) -> Any:
 
 
 def _scatter_memory(memory: Any, idx: jax.Array, sent: jax.Array, new: Any) -> Any:
-    """Writes the new memory of cohort clients that sent (`sent [M]`) back into `[C, ...]`."""
+    """Writes the new memory of cohort clients that sent (`sent [M]`) back into `[C, ...]`.
+    A cohort drawn with replacement (proportional sampling) may hold a client twice; one of
+    its two new memories is then kept."""
 
     def write(m, n):
         keep = sent.reshape(-1, *([1] * (n.ndim - 1)))

@@ -512,7 +512,7 @@ def test_partial_participation_keeps_memory_and_counts_bytes():
     assert float(metrics["bytes_up"]) == 3 * 2 * (4 + 4)  # k values + k int32 indices each
     assert float(metrics["bytes_down"]) == 3 * 6 * 4  # full-precision broadcast
     full = fp_fedavg(model.loss, local=LocalSpec(steps=2, batch_size=4))
-    _, m = full.step(full.init({"w": jnp.zeros(6)}, key), q.data, key)
+    _, m = jax.jit(full.step)(full.init({"w": jnp.zeros(6)}, key), q.data, key)
     assert float(m["bytes_up"]) == 8 * 6 * 4
 
 
