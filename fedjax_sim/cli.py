@@ -238,7 +238,6 @@ def build_run(cfg: RunConfig, mesh=None):
     common = {
         "client_optimizer": cfg.client_lr,
         "client_lr": cfg.client_lr,
-        "num_clients": cfg.num_clients,
         "server_optimizer": cfg.server_lr,
         "server_lr": cfg.server_lr,
         "learning_rate": cfg.client_lr,
@@ -251,6 +250,7 @@ def build_run(cfg: RunConfig, mesh=None):
         "cohort": CohortSpec(cfg.cohort_size, cfg.cohort_sampling, cfg.weighting),
         "client_map": client_map,
         "mu": cfg.mu,
+        "num_clients": dataset.train.num_clients,
     }
     if cfg.straggler_fraction > 0:
         policy = "partial" if cfg.algorithm == "fedprox" else "drop"

@@ -40,8 +40,9 @@ from fedjax_sim.algorithms.feddyn import feddyn
 from fedjax_sim.algorithms.fedmim import fedmim
 from fedjax_sim.algorithms.fedprox import fedprox
 from fedjax_sim.algorithms.fedsam import fedsam, mofedsam
+from fedjax_sim.algorithms.fixed_point import ef_fedavg, ef_fedprox, fp_fedavg, fp_fedprox
 from fedjax_sim.algorithms.scaffold import scaffold
-from fedjax_sim.algorithms.schedules import client_sgd, round_decay
+from fedjax_sim.schedules import client_sgd, round_decay
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
 _DESCRIPTIONS: dict[str, str] = {}
@@ -75,6 +76,10 @@ register("scaffold", scaffold, "SCAFFOLD option II: per-client control variates 
 register("feddyn", feddyn, "FedDyn: dynamic regularization, per-client h_i (ICLR 2021).")
 register("fedsam", fedsam, "FedSAM: local SAM steps, FedAvg aggregation (Qu et al. 2022).")
 register("mofedsam", mofedsam, "MoFedSAM: FedCM with local SAM gradients (Qu et al. 2022).")
+register("fp_fedavg", fp_fedavg, "FedAvg as T local SGD steps of step s_k/T (Beikmohammadi+ 2024).")
+register("fp_fedprox", fp_fedprox, "FedProx as one prox_{s_k F_i} per round (Beikmohammadi+ 2024).")
+register("ef_fedavg", ef_fedavg, "Error-feedback FedAvg, top-1% uploads (Beikmohammadi+ 2024).")
+register("ef_fedprox", ef_fedprox, "Error-feedback FedProx, top-1% uploads (Beikmohammadi+ 2024).")
 
 
 def describe(name: str) -> str:
@@ -115,6 +120,8 @@ __all__ = [
     "client_key",
     "client_sgd",
     "describe",
+    "ef_fedavg",
+    "ef_fedprox",
     "fedadagrad",
     "fedadam",
     "fedadam_reddi",
@@ -128,6 +135,8 @@ __all__ = [
     "fedsam",
     "fedsgd",
     "fedyogi",
+    "fp_fedavg",
+    "fp_fedprox",
     "local_train",
     "map_cohort",
     "mofedsam",

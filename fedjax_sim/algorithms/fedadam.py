@@ -37,8 +37,8 @@ from fedjax_sim.algorithms.core import (
     Stragglers,
 )
 from fedjax_sim.algorithms.fedavg import local_update_round
-from fedjax_sim.algorithms.schedules import LearningRate, client_sgd
 from fedjax_sim.parallel import ClientMap
+from fedjax_sim.schedules import LearningRate, client_sgd
 
 
 class AdamNoBiasCorrectionState(NamedTuple):

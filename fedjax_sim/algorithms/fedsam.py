@@ -32,8 +32,8 @@ from fedjax_sim.algorithms.core import (
 )
 from fedjax_sim.algorithms.fedavg import local_update_round
 from fedjax_sim.algorithms.fedcm import client_momentum_round
-from fedjax_sim.algorithms.schedules import LearningRate, client_sgd
 from fedjax_sim.parallel import ClientMap
+from fedjax_sim.schedules import LearningRate, client_sgd
 
 
 def sam_value_and_grad(value_and_grad: ValueAndGrad, rho: float) -> ValueAndGrad:

@@ -40,10 +40,10 @@ from fedjax_sim.algorithms.core import (
     tree_scale,
     tree_sub,
 )
-from fedjax_sim.algorithms.schedules import LearningRate, client_sgd, lr_at
 from fedjax_sim.algorithms.stateful import check_cohort, client_state_round
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.parallel import ClientMap
+from fedjax_sim.schedules import LearningRate, client_sgd, lr_at
 
 
 @struct.dataclass

@@ -172,3 +172,69 @@ def partition(
     if name not in PARTITIONERS:
         raise ValueError(f"unknown partitioner {name!r}; choose from {sorted(PARTITIONERS)}")
     return PARTITIONERS[name](labels, num_clients, seed, **kwargs)
+
+
+# ==============================================================================================
+# Beikmohammadi, Khirirat, Magnusson (IEEE Trans. Big Data 2024) partitions (issue 6; spec
+# ../shared/specs/stepsizes_no_similarity.md section 4): IID shards, Non-IID2, Non-IID1.
+# Each client is one class index, so these need num_clients == number of classes (10 in the
+# paper) except `iid_shards`. Apply the same partitioner to the train and the test labels to
+# get the paper's per-client test shards.
+# ==============================================================================================
+def _classes(labels: np.ndarray, num_clients: int, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """`(sorted classes, class index of each example)`; checks one client per class."""
+    classes, inverse = np.unique(labels, return_inverse=True)
+    if classes.size != num_clients:
+        raise ValueError(
+            f"{name} gives client i the examples of class i: it needs num_clients == number of "
+            f"classes ({classes.size}), got num_clients={num_clients}"
+        )
+    return classes, inverse
+
+
+def iid_shards(labels: np.ndarray, num_clients: int, seed: Seed = 0) -> np.ndarray:
+    """The paper's IID split: a random shuffle cut into `num_clients` contiguous equal shards
+    (6000 train / 1000 test each for 10 clients; sizes differ by at most 1 otherwise)."""
+    return iid(labels, num_clients, seed)
+
+
+def one_class(labels: np.ndarray, num_clients: int, seed: Seed = 0) -> np.ndarray:
+    """Non-IID1 ("extremely low similarity"): client i holds all examples of class i (the i-th
+    smallest label). Deterministic; `seed` is unused."""
+    labels = _check(labels, num_clients)
+    _, inverse = _classes(labels, num_clients, "one_class")
+    return inverse.astype(np.int32)
+
+
+def class_halves(
+    labels: np.ndarray, num_clients: int, seed: Seed = 0, *, pairing: str = "next"
+) -> np.ndarray:
+    """Non-IID2 ("low similarity"): each class is shuffled and cut into two halves (half 0
+    gets `floor(n_c / 2)` examples); `pairing="next"` (the authors' code, default) gives
+    client i half 0 of class i and half 1 of class (i + 1) mod C; `pairing="random"` (the
+    paper's wording, spec 7.6) deals the 2C chunks out at random, two per client, each chunk
+    used once (a client may then get both halves of one class)."""
+    labels = _check(labels, num_clients)
+    _, inverse = _classes(labels, num_clients, "class_halves")
+    if pairing not in ("next", "random"):
+        raise ValueError(f"class_halves pairing must be 'next' or 'random', got {pairing!r}")
+    rng = _rng(seed)
+    owner_of_chunk = (  # chunk 2c + h = half h of class c
+        np.stack([np.arange(num_clients), (np.arange(num_clients) - 1) % num_clients], 1)
+        .reshape(-1)
+        .astype(np.int32)
+    )
+    if pairing == "random":
+        owner_of_chunk = (rng.permutation(2 * num_clients) // 2).astype(np.int32)
+    ids = np.empty(labels.size, np.int32)
+    for c in range(num_clients):  # loop over classes, not clients
+        members = rng.permutation(np.flatnonzero(inverse == c))
+        half = members.size // 2
+        ids[members[:half]] = owner_of_chunk[2 * c]
+        ids[members[half:]] = owner_of_chunk[2 * c + 1]
+    return ids
+
+
+PARTITIONERS.update(
+    {"iid_shards": iid_shards, "one_class": one_class, "class_halves": class_halves}
+)
