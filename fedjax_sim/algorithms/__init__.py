@@ -10,6 +10,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from fedjax_sim.algorithms.area import area
+from fedjax_sim.algorithms.async_common import diminishing, sample_size_scale
 from fedjax_sim.algorithms.core import (
     Algorithm,
     CohortSpec,
@@ -34,7 +36,10 @@ from fedjax_sim.algorithms.fedavg import (
     fedyogi,
     server_optimizer,
 )
+from fedjax_sim.algorithms.fedbuff import as_fedavg, fedasync, fedbuff
 from fedjax_sim.algorithms.fedprox import fedprox
+from fedjax_sim.algorithms.mifa import mifa
+from fedjax_sim.algorithms.sfedavg import s_fedavg
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
 _DESCRIPTIONS: dict[str, str] = {}
@@ -57,6 +62,12 @@ register("fedavgm", fedavgm, "FedAvgM: FedAvg with server momentum (Hsu et al. 2
 register("fedadam", fedadam, "FedAdam: server Adam, optax bias-corrected (Reddi et al. 2021).")
 register("fedyogi", fedyogi, "FedYogi: server Yogi (Reddi et al. 2021).")
 register("fedadagrad", fedadagrad, "FedAdagrad: server Adagrad (Reddi et al. 2021).")
+register("area", area)
+register("s_fedavg", s_fedavg)
+register("as_fedavg", as_fedavg)
+register("fedbuff", fedbuff)
+register("mifa", mifa)
+register("fedasync", fedasync)
 
 
 def describe(name: str) -> str:
@@ -86,6 +97,8 @@ def accepted_kwargs(name: str) -> set[str] | None:
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
+    "area",
+    "as_fedavg",
     "CohortSpec",
     "LocalResult",
     "LocalSpec",
@@ -95,18 +108,24 @@ __all__ = [
     "build",
     "client_key",
     "describe",
+    "diminishing",
     "fedadagrad",
     "fedadam",
+    "fedasync",
     "fedavg",
     "fedavgm",
+    "fedbuff",
     "fedopt",
     "fedprox",
     "fedsgd",
     "fedyogi",
     "local_train",
     "map_cohort",
+    "mifa",
     "register",
     "round_key",
+    "s_fedavg",
+    "sample_size_scale",
     "server_optimizer",
     "server_update",
     "weighted_mean",

@@ -32,6 +32,7 @@ from fedjax_sim.data.synthetic import (
     QuadraticProblem,
     fedprox_synthetic,
     least_squares,
+    toy_quadratic,
 )
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "partition",
     "quantity_skew",
     "shards",
+    "toy_quadratic",
     "tree_size_bytes",
     "unpack",
     "with_client_test",
