@@ -258,7 +258,7 @@ def fedasync(
     staleness_b: float = 4.0,
     client_optimizer: ClientOptimizer = 0.1,
     local: LocalSpec = LocalSpec(steps=1),
-    read_after_aggregate: bool = False,
+    read_after_aggregate: bool = True,
     box: tuple[float, float] | None = None,
     client_scale: Any = None,
     client_map: ClientMap = ClientMap(),
@@ -266,7 +266,8 @@ def fedasync(
     """FedAsync: x_s <- (1 - beta s(tau)) x_s + beta s(tau) x_i at every arrival.
 
     `mixing` is beta; `staleness` as for `fedbuff` (default polynomial with a = 0.5). The events
-    model must aggregate every delivery (`Aggregation.every(1)`, the default here)."""
+    model must aggregate every delivery (`Aggregation.every(1)`, the default here). By default
+    the client then reads the mixed model (Xie et al.'s scheduler hands out the latest model)."""
     return _buffered(
         loss_fn,
         kind="mix",
