@@ -34,29 +34,29 @@ def run(alg, data, params, iterations, key, collect=None):
     return state, jax.device_get(metrics), jax.device_get(out)
 
 
-def replay(events, key, iterations):
-    """Per iteration: (sorted active client ids, {id: tau}, aggregate) as the algorithms see
-    them (draw key = round_key(key, k, COHORT))."""
+def replay_ticks(events, key, iterations, after=False):
+    """The engine's ticks `[T, ...]` as the algorithms draw them (key round_key(key, k, COHORT));
+    `after`: the algorithm reads after the aggregation (staleness counts from there)."""
     state = events.init(key)
 
     def body(state, _):
         tick = events.draw(state, round_key(key, state.k, COHORT))
-        return events.advance(state, tick), tick
+        return events.advance(state, tick, read_after_aggregate=after), tick
 
     _, ticks = jax.jit(lambda s: jax.lax.scan(body, s, None, length=iterations))(state)
-    ticks = jax.device_get(ticks)
+    return jax.device_get(ticks)
+
+
+def replay(events, key, iterations, after=False):
+    """Per iteration: (sorted active client ids, {id: tau}, aggregate)."""
+    ticks = replay_ticks(events, key, iterations, after)
     out = []
     for k in range(iterations):
         act = ticks.active[k]
         ids = ticks.ids[k][act]
         order = np.argsort(ids)
-        out.append(
-            (
-                ids[order].tolist(),
-                dict(zip(ids.tolist(), ticks.tau[k][act].tolist(), strict=True)),
-                bool(ticks.aggregate[k]),
-            )
-        )
+        taus = dict(zip(ids.tolist(), ticks.tau[k][act].tolist(), strict=True))
+        out.append((ids[order].tolist(), taus, bool(ticks.aggregate[k])))
     return out
 
 

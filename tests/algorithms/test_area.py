@@ -242,18 +242,18 @@ def test_permanent_dropout_converges_to_predicted_biased_point(x64):
 
 
 def test_capacity_compacted_step_equals_full_masked_step(x64):
-    problem = least_squares(num_clients=24, examples_per_client=6, dim=3, seed=8)
+    problem = least_squares(num_clients=16, examples_per_client=6, dim=3, seed=8)
     common = dict(client_optimizer=0.05, local=LocalSpec(steps=2, batch_size=3), init_mode="paper")
-    arrivals = Arrivals.bernoulli(np.linspace(0.02, 0.1, 24))
+    arrivals = Arrivals.bernoulli(np.linspace(0.02, 0.08, 16))
     compacted = Events(arrivals, Aggregation.every(3))
     full = Events(arrivals, Aggregation.every(3), capacity=None)
-    assert compacted.slots < 24 and full.slots == 24
+    assert compacted.slots < 16 and full.slots == 16
     outs = []
     for events in (compacted, full):
         alg = area(linear_regression(3).loss, events=events, **common)
-        outs.append(run(alg, problem.data, {"w": jnp.zeros(3)}, 60, jax.random.key(4)))
+        outs.append(run(alg, problem.data, {"w": jnp.zeros(3)}, 80, jax.random.key(4)))
     (s1, m1, _), (s2, m2, _) = outs
-    assert m1["overflow"].sum() == 0 and m1["fired"].sum() > 50
+    assert m1["overflow"].sum() == 0 and m1["fired"].sum() > 40
     np.testing.assert_array_equal(m1["fired"], m2["fired"])
     for a, b in zip(jax.tree.leaves(s1.events), jax.tree.leaves(s2.events), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -276,13 +276,15 @@ def test_same_key_bit_identical_and_jit_equals_eager(x64):
     b, _, _ = run(make(), PROBLEM.data, {"w": jnp.asarray(X0)}, 40, key)  # fresh trace
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(x, y)
-    c, _, _ = run(alg, PROBLEM.data, {"w": jnp.asarray(X0)}, 40, jax.random.key(10))
+    c, _, _ = run(
+        alg, PROBLEM.data, {"w": jnp.asarray(X0)}, 40, jax.random.key(10), _params_and_memory
+    )
     assert not np.array_equal(w(a), w(c))  # another key, another trajectory
     state = alg.init({"w": jnp.asarray(X0)}, key)
-    for _ in range(3):
-        state, _ = alg.step(state, PROBLEM.data, key)  # no jit (eager is slow: 3 steps)
-    np.testing.assert_allclose(state.params["w"], path[0][2], rtol=1e-14, atol=1e-15)
-    np.testing.assert_allclose(state.memory["w"], path[1][2], rtol=1e-14, atol=1e-15)
+    for _ in range(2):
+        state, _ = alg.step(state, PROBLEM.data, key)  # no jit (eager is slow: 2 steps)
+    np.testing.assert_allclose(state.params["w"], path[0][1], rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(state.memory["w"], path[1][1], rtol=1e-14, atol=1e-15)
 
 
 def test_sample_size_weighting_reaches_example_weighted_optimum(x64):
