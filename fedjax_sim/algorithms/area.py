@@ -63,7 +63,7 @@ from fedjax_sim.algorithms.core import (
     round_key,
 )
 from fedjax_sim.data.federated import FederatedData
-from fedjax_sim.events import Events, EventState
+from fedjax_sim.events import Events, EventState, set_rows, take_rows
 from fedjax_sim.parallel import ClientMap
 
 INIT_MODES = ("compute", "paper")
@@ -154,9 +154,9 @@ def area(
         ids, act = tick.ids, tick.active
         safe = jnp.minimum(ids, c - 1)
         start = gather(state.read, ids)
-        results, losses = work(data, ids, start, state.events.read_iteration[safe], key)
+        results, losses = work(data, ids, start, take_rows(state.events.read_iteration, ids), key)
         if init_mode == "paper":
-            done = state.computed[safe]
+            done = take_rows(state.computed, ids)
             results = jax.tree.map(
                 lambda x, r: jnp.where(done.reshape((-1,) + (1,) * (x.ndim - 1)), x, r),
                 results,
@@ -175,7 +175,7 @@ def area(
         # 2) replies: firing clients read x_s (before the aggregation unless the option)
         reply = params if read_after_aggregate else state.params
         read = scatter(state.read, ids, act, broadcast(reply, ids.shape[0]))
-        computed = state.computed.at[jnp.where(act, ids, c)].set(True, mode="drop")
+        computed = set_rows(state.computed, ids, act, jnp.ones(ids.shape, bool))
         new_events = ev.advance(state.events, tick, read_after_aggregate=read_after_aggregate)
         metrics = {
             "train_loss": loss_metric(losses, act),

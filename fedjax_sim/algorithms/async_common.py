@@ -41,7 +41,7 @@ from fedjax_sim.algorithms.core import (
     tree_scale,
 )
 from fedjax_sim.data.federated import FederatedData
-from fedjax_sim.events import Aggregation, Arrivals, Events, Tick
+from fedjax_sim.events import Aggregation, Arrivals, Events, Tick, set_rows, take_rows
 from fedjax_sim.parallel import ClientMap
 
 Staleness = Literal["constant", "sqrt", "polynomial", "hinge"]
@@ -146,17 +146,14 @@ def staleness_weight(kind: Staleness, a: float = 0.5, b: float = 4.0):
 
 # ------------------------------------------------------------------------------ slots
 def gather(tree: Params, ids: jax.Array) -> Params:
-    """Rows `ids [B]` of a stacked `[C, ...]` tree (padding id C reads row C - 1)."""
-    return jax.tree.map(lambda a: a[jnp.minimum(ids, a.shape[0] - 1)], tree)
+    """Rows `ids [B]` of a stacked `[C, ...]` tree (padding id C reads row C - 1); see
+    `events.take_rows` for why this is not plain indexing."""
+    return jax.tree.map(lambda a: take_rows(a, ids), tree)
 
 
 def scatter(tree: Params, ids: jax.Array, active: jax.Array, values: Params) -> Params:
     """Writes rows `values [B, ...]` of the active slots into the stacked `[C, ...]` tree."""
-
-    def put(a, v):
-        return a.at[jnp.where(active, ids, a.shape[0])].set(v.astype(a.dtype), mode="drop")
-
-    return jax.tree.map(put, tree, values)
+    return jax.tree.map(lambda a, v: set_rows(a, ids, active, v), tree, values)
 
 
 def broadcast(params: Params, num: int) -> Params:

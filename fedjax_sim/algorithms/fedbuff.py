@@ -50,7 +50,7 @@ from fedjax_sim.algorithms.core import (
     round_key,
 )
 from fedjax_sim.data.federated import FederatedData
-from fedjax_sim.events import Events, EventState
+from fedjax_sim.events import Events, EventState, take_rows
 from fedjax_sim.parallel import ClientMap
 
 
@@ -119,9 +119,8 @@ def _buffered(
         check_data(ev, data)
         tick = ev.draw(state.events, round_key(key, state.events.k, COHORT))
         ids, act = tick.ids, tick.active
-        safe = jnp.minimum(ids, c - 1)
         start = gather(state.read, ids)
-        results, losses = work(data, ids, start, state.events.read_iteration[safe], key)
+        results, losses = work(data, ids, start, take_rows(state.events.read_iteration, ids), key)
         agg = tick.aggregate
         s = jnp.where(act, weight_fn(tick.tau), 0.0)
         if kind == "mix":

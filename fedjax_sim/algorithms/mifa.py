@@ -43,7 +43,7 @@ from fedjax_sim.algorithms.core import (
     round_key,
 )
 from fedjax_sim.data.federated import FederatedData
-from fedjax_sim.events import Events, EventState
+from fedjax_sim.events import Events, EventState, take_rows
 from fedjax_sim.parallel import ClientMap
 
 
@@ -111,11 +111,11 @@ def mifa(
         check_data(ev, data)
         tick = ev.draw(state.events, round_key(key, state.events.k, COHORT))
         ids, act = tick.ids, tick.active
-        safe = jnp.minimum(ids, c - 1)
         start = gather(state.read, ids)
-        results, losses = work(data, ids, start, state.events.read_iteration[safe], key)
+        results, losses = work(data, ids, start, take_rows(state.events.read_iteration, ids), key)
         updates = jax.tree.map(jnp.subtract, start, results)  # G_i = r_i - x_i
-        change = jax.tree.map(jnp.subtract, updates, gather(state.memory, ids))
+        old = gather(state.memory, ids)
+        change = jax.tree.map(jnp.subtract, updates, old)
         memory_sum = jax.tree.map(
             jnp.add, state.memory_sum, masked_sum(change, act.astype(jnp.float32))
         )
