@@ -10,6 +10,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from fedjax_sim.algorithms.area import area
+from fedjax_sim.algorithms.async_common import diminishing, sample_size_scale
 from fedjax_sim.algorithms.core import (
     Algorithm,
     CohortSpec,
@@ -35,13 +37,16 @@ from fedjax_sim.algorithms.fedavg import (
     fedyogi,
     server_optimizer,
 )
+from fedjax_sim.algorithms.fedbuff import as_fedavg, fedasync, fedbuff
 from fedjax_sim.algorithms.fedcm import fedcm
 from fedjax_sim.algorithms.feddyn import feddyn
 from fedjax_sim.algorithms.fedmim import fedmim
 from fedjax_sim.algorithms.fedprox import fedprox
 from fedjax_sim.algorithms.fedsam import fedsam, mofedsam
 from fedjax_sim.algorithms.fixed_point import ef_fedavg, ef_fedprox, fp_fedavg, fp_fedprox
+from fedjax_sim.algorithms.mifa import mifa
 from fedjax_sim.algorithms.scaffold import scaffold
+from fedjax_sim.algorithms.sfedavg import s_fedavg
 from fedjax_sim.schedules import client_sgd, round_decay
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
@@ -80,6 +85,12 @@ register("fp_fedavg", fp_fedavg, "FedAvg as T local SGD steps of step s_k/T (Bei
 register("fp_fedprox", fp_fedprox, "FedProx as one prox_{s_k F_i} per round (Beikmohammadi+ 2024).")
 register("ef_fedavg", ef_fedavg, "Error-feedback FedAvg, top-1% uploads (Beikmohammadi+ 2024).")
 register("ef_fedprox", ef_fedprox, "Error-feedback FedProx, top-1% uploads (Beikmohammadi+ 2024).")
+register("area", area)
+register("s_fedavg", s_fedavg)
+register("as_fedavg", as_fedavg)
+register("fedbuff", fedbuff)
+register("mifa", mifa)
+register("fedasync", fedasync)
 
 
 def describe(name: str) -> str:
@@ -109,6 +120,8 @@ def accepted_kwargs(name: str) -> set[str] | None:
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
+    "area",
+    "as_fedavg",
     "CohortSpec",
     "LocalResult",
     "LocalSpec",
@@ -124,12 +137,14 @@ __all__ = [
     "ef_fedprox",
     "fedadagrad",
     "fedadam",
-    "fedadam_reddi",
     "fedavg",
     "fedavgm",
     "fedcm",
     "feddyn",
     "fedmim",
+    "diminishing",
+    "fedasync",
+    "fedbuff",
     "fedopt",
     "fedprox",
     "fedsam",
@@ -140,10 +155,13 @@ __all__ = [
     "local_train",
     "map_cohort",
     "mofedsam",
+    "mifa",
     "register",
     "round_decay",
     "round_key",
     "scaffold",
+    "s_fedavg",
+    "sample_size_scale",
     "server_optimizer",
     "server_update",
     "weighted_mean",

@@ -162,3 +162,24 @@ def least_squares(
     hess = np.einsum("cnd,cne->cde", a64, a64) / n[:, None, None]
     lin = np.einsum("cnd,cn->cd", a64, b64) / n[:, None]
     return QuadraticProblem(data=data, hessians=hess, linear=lin)
+
+
+def toy_quadratic(num_clients: int = 50, *, scale: float = 1.0) -> QuadraticProblem:
+    """The AREA paper's toy problem (Appendix A.2.1): f_i(x) = (1/2)(c i x - 1)^2, x in R,
+    i = 1..n, with c = `scale`.
+
+    The paper prints c = 100, which makes every step size of its grid [1e-6, 1e-3] unstable;
+    spec `area_async.md` 7.1 resolves it as c = 1 (equivalent to c = 100 with alpha / 1e4).
+    Client i holds one example (feature c i, target 1); pair it with
+    `linear_regression(1)` and full-batch local steps. With uniform weights the optimum is
+    x* = sum_i c i / sum_i (c i)^2 (1275 / 42925 for c = 1, n = 50).
+    """
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    if not scale > 0:
+        raise ValueError(f"scale c must be > 0, got {scale}")
+    a = scale * np.arange(1, num_clients + 1, dtype=np.float64)
+    ids = np.arange(num_clients)
+    data = pack(a[:, None].astype(np.float32), np.ones(num_clients, np.float32), ids, num_clients)
+    a32 = np.asarray(data.x, np.float64)[:, 0, 0]  # the values actually used
+    return QuadraticProblem(data=data, hessians=(a32**2)[:, None, None], linear=a32[:, None])
