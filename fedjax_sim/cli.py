@@ -165,6 +165,8 @@ def build_run(cfg: RunConfig):
     load_kwargs: dict[str, object] = {"num_clients": cfg.num_clients, "seed": cfg.seed}
     if cfg.dataset == "fedprox_synthetic":
         load_kwargs.update(alpha=cfg.alpha, beta=cfg.alpha)
+    elif cfg.dataset == "shifted_minority":  # natural split: no partition options
+        pass
     else:
         load_kwargs["partitioner"] = cfg.partition
         load_kwargs.update(
@@ -198,6 +200,7 @@ def build_run(cfg: RunConfig):
         "cohort": CohortSpec(cfg.cohort_size, cfg.cohort_sampling, cfg.weighting),
         "client_map": client_map,
         "mu": cfg.mu,
+        "num_clients": dataset.train.num_clients,  # for algorithms with per-client state
     }
     if cfg.straggler_fraction > 0:
         policy = "partial" if cfg.algorithm == "fedprox" else "drop"

@@ -23,6 +23,7 @@ from fedjax_sim.algorithms.core import (
     server_update,
     weighted_mean,
 )
+from fedjax_sim.algorithms.dro_baselines import dr_dsgd, drfa
 from fedjax_sim.algorithms.fedavg import (
     ServerState,
     fedadagrad,
@@ -35,6 +36,7 @@ from fedjax_sim.algorithms.fedavg import (
     server_optimizer,
 )
 from fedjax_sim.algorithms.fedprox import fedprox
+from fedjax_sim.algorithms.fgdro import fgdro_cvar, fgdro_kl, fgdro_kl_adam, local_adam
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
 _DESCRIPTIONS: dict[str, str] = {}
@@ -57,6 +59,14 @@ register("fedavgm", fedavgm, "FedAvgM: FedAvg with server momentum (Hsu et al. 2
 register("fedadam", fedadam, "FedAdam: server Adam, optax bias-corrected (Reddi et al. 2021).")
 register("fedyogi", fedyogi, "FedYogi: server Yogi (Reddi et al. 2021).")
 register("fedadagrad", fedadagrad, "FedAdagrad: server Adagrad (Reddi et al. 2021).")
+register(
+    "fgdro_cvar", fgdro_cvar, "FGDRO-CVaR: mean of the K worst client losses (Guo & Yang 2024)."
+)
+register("fgdro_kl", fgdro_kl, "FGDRO-KL: KL-regularised group DRO (Guo & Yang 2024).")
+register("fgdro_kl_adam", fgdro_kl_adam, "FGDRO-KL-Adam: FGDRO-KL with local Adam steps.")
+register("local_adam", local_adam, "LocalAdam: Adam-type local steps, averaged moments (ERM).")
+register("drfa", drfa, "DRFA: distributionally robust FedAvg (Deng et al. 2020).")
+register("dr_dsgd", dr_dsgd, "DR-DSGD, federated: exp(l/mu)-weighted local SGD (Issaid et al.).")
 
 
 def describe(name: str) -> str:
@@ -95,6 +105,8 @@ __all__ = [
     "build",
     "client_key",
     "describe",
+    "dr_dsgd",
+    "drfa",
     "fedadagrad",
     "fedadam",
     "fedavg",
@@ -103,6 +115,10 @@ __all__ = [
     "fedprox",
     "fedsgd",
     "fedyogi",
+    "fgdro_cvar",
+    "fgdro_kl",
+    "fgdro_kl_adam",
+    "local_adam",
     "local_train",
     "map_cohort",
     "register",

@@ -17,7 +17,7 @@ import numpy as np
 
 from fedjax_sim.data.federated import ArrayData, FederatedData, pack, with_client_test
 from fedjax_sim.data.partition import partition
-from fedjax_sim.data.synthetic import fedprox_synthetic
+from fedjax_sim.data.synthetic import fedprox_synthetic, shifted_minority
 
 
 class Dataset(NamedTuple):
@@ -69,6 +69,9 @@ def federate(
     The central test set is `central_test` if given, else the union of the client test splits.
     """
     ids = partition(partitioner, y, num_clients, seed, **partition_kwargs)
+    if (ids < 0).any():  # partitioners may drop examples (client id -1)
+        kept = ids >= 0
+        x, y, ids = x[kept], y[kept], ids[kept]
     is_train = split_clients(ids, num_clients, client_test_fraction, seed)
     train = pack(x[is_train], y[is_train], ids[is_train], num_clients, num_classes=num_classes)
     held = pack(x[~is_train], y[~is_train], ids[~is_train], num_clients, num_classes=num_classes)
@@ -200,10 +203,36 @@ def load_fedprox_synthetic(
     return Dataset(train=train, test=test, name="fedprox_synthetic")
 
 
+def load_shifted_minority(
+    num_clients: int = 10,
+    partitioner: str = "natural",
+    seed: int = 0,
+    *,
+    client_test_fraction: float = 0.2,
+    **kwargs: Any,
+) -> Dataset:
+    """`synthetic.shifted_minority` (one client per group, natural split; `partitioner` is
+    ignored), 20% of each client held out; the central test set pools those held-out rows."""
+    del partitioner
+    x, y, groups = shifted_minority(num_clients=num_clients, seed=seed, **kwargs)
+    return federate(
+        x,
+        y,
+        num_clients=num_clients,
+        partitioner="natural",
+        seed=seed,
+        client_test_fraction=client_test_fraction,
+        num_classes=int(kwargs.get("num_classes", 2)),
+        name="shifted_minority",
+        groups=groups,
+    )
+
+
 DATASETS: dict[str, Callable[..., Dataset]] = {
     "digits": load_digits,
     "fashion_mnist": load_fashion_mnist,
     "fedprox_synthetic": load_fedprox_synthetic,
+    "shifted_minority": load_shifted_minority,
 }
 
 

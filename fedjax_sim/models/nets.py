@@ -43,12 +43,14 @@ class _CNN(nn.Module):
     channels: tuple[int, ...]
     dense: int
     num_outputs: int
+    kernel_size: int = 3
 
     @nn.compact
     def __call__(self, x):
         x = x.reshape((x.shape[0], *self.image_shape))
+        k = self.kernel_size
         for ch in self.channels:
-            x = nn.relu(nn.Conv(ch, (3, 3), padding="SAME")(x))
+            x = nn.relu(nn.Conv(ch, (k, k), padding="SAME")(x))
             if min(x.shape[1:3]) >= 2:
                 x = nn.max_pool(x, (2, 2), strides=(2, 2))
         x = x.reshape((x.shape[0], -1))
@@ -89,12 +91,14 @@ def cnn(
     *,
     channels: Sequence[int] = (32, 64),
     dense: int = 128,
+    kernel_size: int = 3,
     l2: float = 0.0,
 ) -> Model:
-    """Small CNN: [3x3 conv + ReLU + 2x2 max-pool] per channel count, dense, output.
+    """Small CNN: [kxk conv + ReLU + 2x2 max-pool] per channel count, dense, output
+    (`kernel_size=5, channels=(32, 64), dense=512` is the classic two-layer CIFAR/FEMNIST CNN).
 
     Flat inputs (e.g. digits' 64 features) are viewed as square single-channel images."""
-    module = _CNN(_image_shape(input_shape), tuple(channels), dense, num_classes)
+    module = _CNN(_image_shape(input_shape), tuple(channels), dense, num_classes, kernel_size)
     return _from_module(module, input_shape, "cnn", l2=l2)
 
 
