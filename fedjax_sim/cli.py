@@ -211,6 +211,8 @@ def build_run(cfg: RunConfig, mesh=None):
     elif cfg.dataset == "shakespeare":  # natural per-speaker partition
         if cfg.data_dir:
             load_kwargs["data_dir"] = cfg.data_dir
+    elif cfg.dataset == "shifted_minority":  # natural split: no partition options
+        pass
     else:
         load_kwargs["partitioner"] = cfg.partition
         load_kwargs.update(
@@ -280,7 +282,7 @@ def run(cfg: RunConfig) -> int:
     from fedjax_sim.simulate import EvalSpec, NonFiniteError, simulate
 
     summary = dataset.train.summary()
-    natural = cfg.dataset in ("shakespeare", "fedprox_synthetic")
+    natural = cfg.dataset in ("shakespeare", "fedprox_synthetic", "shifted_minority")
     partition_name = "natural" if natural else cfg.partition
     main_process = jax.process_index() == 0
     if main_process:

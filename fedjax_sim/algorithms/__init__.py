@@ -25,6 +25,7 @@ from fedjax_sim.algorithms.core import (
     server_update,
     weighted_mean,
 )
+from fedjax_sim.algorithms.dro_baselines import dr_dsgd, drfa
 from fedjax_sim.algorithms.fedadam import adam_without_bias_correction, fedadam_reddi
 from fedjax_sim.algorithms.fedavg import (
     ServerState,
@@ -43,6 +44,7 @@ from fedjax_sim.algorithms.feddyn import feddyn
 from fedjax_sim.algorithms.fedmim import fedmim
 from fedjax_sim.algorithms.fedprox import fedprox
 from fedjax_sim.algorithms.fedsam import fedsam, mofedsam
+from fedjax_sim.algorithms.fgdro import fgdro_cvar, fgdro_kl, fgdro_kl_adam, local_adam
 from fedjax_sim.algorithms.fixed_point import ef_fedavg, ef_fedprox, fp_fedavg, fp_fedprox
 from fedjax_sim.algorithms.mifa import mifa
 from fedjax_sim.algorithms.scaffold import scaffold
@@ -91,6 +93,14 @@ register("as_fedavg", as_fedavg)
 register("fedbuff", fedbuff)
 register("mifa", mifa)
 register("fedasync", fedasync)
+register(
+    "fgdro_cvar", fgdro_cvar, "FGDRO-CVaR: mean of the K worst client losses (Guo & Yang 2024)."
+)
+register("fgdro_kl", fgdro_kl, "FGDRO-KL: KL-regularised group DRO (Guo & Yang 2024).")
+register("fgdro_kl_adam", fgdro_kl_adam, "FGDRO-KL-Adam: FGDRO-KL with local Adam steps.")
+register("local_adam", local_adam, "LocalAdam: Adam-type local steps, averaged moments (ERM).")
+register("drfa", drfa, "DRFA: distributionally robust FedAvg (Deng et al. 2020).")
+register("dr_dsgd", dr_dsgd, "DR-DSGD, federated: exp(l/mu)-weighted local SGD (Issaid et al.).")
 
 
 def describe(name: str) -> str:
@@ -135,6 +145,8 @@ __all__ = [
     "describe",
     "ef_fedavg",
     "ef_fedprox",
+    "dr_dsgd",
+    "drfa",
     "fedadagrad",
     "fedadam",
     "fedavg",
@@ -152,6 +164,10 @@ __all__ = [
     "fedyogi",
     "fp_fedavg",
     "fp_fedprox",
+    "fgdro_cvar",
+    "fgdro_kl",
+    "fgdro_kl_adam",
+    "local_adam",
     "local_train",
     "map_cohort",
     "mofedsam",

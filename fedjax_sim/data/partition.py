@@ -238,3 +238,60 @@ def class_halves(
 PARTITIONERS.update(
     {"iid_shards": iid_shards, "one_class": one_class, "class_halves": class_halves}
 )
+
+
+# ------------------------------------------------------------------------------ group DRO (issue 7)
+# Partitioners for federated group DRO (spec ../shared/specs/fgdro.md, sections 4 and 7.13).
+
+
+def natural_groups(
+    labels: np.ndarray, num_clients: int, seed: Seed = 0, *, groups: np.ndarray
+) -> np.ndarray:
+    """Natural split as a registered partitioner ("natural"): one client per distinct value of
+    the group-id column `groups [N]` (domain, hospital, speaker, ...), clients numbered in
+    sorted group order. `num_clients` must equal the number of distinct groups."""
+    del seed
+    labels = _check(labels, num_clients)
+    groups = np.asarray(groups)
+    if groups.shape != labels.shape:
+        raise ValueError(
+            f"groups must have shape {labels.shape} (one id per example), got {groups.shape}"
+        )
+    ids, found = natural(groups)
+    if found != num_clients:
+        raise ValueError(
+            f"the group column has {found} distinct groups but num_clients={num_clients}"
+        )
+    return ids
+
+
+def imbalanced_dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    seed: Seed = 0,
+    *,
+    alpha: float = 0.3,
+    reduced_classes: tuple[int, ...] = (5, 6, 7, 8, 9),
+    keep_fraction: float = 0.2,
+) -> np.ndarray:
+    """Class-imbalanced Dirichlet split (FGDRO paper, App. G; Shen et al. 2021's protocol).
+
+    Keeps a random `keep_fraction` of the examples of each class in `reduced_classes` (the
+    paper: 5 classes reduced by 80%), drops the rest (client id -1; `pack`/`federate` skip
+    them), then splits the kept examples with `dirichlet(alpha)` over `num_clients`.
+    """
+    labels = _check(labels, num_clients)
+    if not 0.0 < keep_fraction <= 1.0:
+        raise ValueError(f"keep_fraction must be in (0, 1], got {keep_fraction}")
+    rng = _rng(seed)
+    keep = np.ones(labels.size, bool)
+    for c in reduced_classes:  # loop over (a few) classes
+        members = rng.permutation(np.flatnonzero(labels == c))
+        keep[members[int(round(keep_fraction * members.size)) :]] = False
+    ids = np.full(labels.size, -1, np.int32)
+    ids[keep] = dirichlet(labels[keep], num_clients, rng, alpha=alpha)
+    return ids
+
+
+PARTITIONERS["natural"] = natural_groups
+PARTITIONERS["imbalanced_dirichlet"] = imbalanced_dirichlet
