@@ -198,6 +198,7 @@ def build_run(cfg: RunConfig):
         "cohort": CohortSpec(cfg.cohort_size, cfg.cohort_sampling, cfg.weighting),
         "client_map": client_map,
         "mu": cfg.mu,
+        "data": dataset.train,  # for factories built from the data (FedLPS' graph)
     }
     if cfg.straggler_fraction > 0:
         policy = "partial" if cfg.algorithm == "fedprox" else "drop"

@@ -34,6 +34,7 @@ from fedjax_sim.algorithms.fedavg import (
     fedyogi,
     server_optimizer,
 )
+from fedjax_sim.algorithms.fedlps import fedlps
 from fedjax_sim.algorithms.fedprox import fedprox
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
@@ -57,6 +58,7 @@ register("fedavgm", fedavgm, "FedAvgM: FedAvg with server momentum (Hsu et al. 2
 register("fedadam", fedadam, "FedAdam: server Adam, optax bias-corrected (Reddi et al. 2021).")
 register("fedyogi", fedyogi, "FedYogi: server Yogi (Reddi et al. 2021).")
 register("fedadagrad", fedadagrad, "FedAdagrad: server Adagrad (Reddi et al. 2021).")
+register("fedlps", fedlps)
 
 
 def describe(name: str) -> str:
@@ -99,6 +101,7 @@ __all__ = [
     "fedadam",
     "fedavg",
     "fedavgm",
+    "fedlps",
     "fedopt",
     "fedprox",
     "fedsgd",

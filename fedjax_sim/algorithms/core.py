@@ -24,6 +24,7 @@ from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
 
@@ -133,13 +134,24 @@ class CohortSpec:
       sampling: "uniform" (without replacement) or "proportional" (with replacement, P ~ n_i).
       weighting: "counts" (n_i), "uniform", or "auto" (counts, except uniform for
         proportional sampling, which is then unbiased).
+      client_weights: optional fixed `[C]` aggregation weights (e.g. FedLPS' graph degrees
+        p_i, `similarity.SimilarityGraph.degrees`); when given they replace `weighting`
+        (clients without data still get 0). Stored as a tuple of floats.
     """
 
     size: int | None = None
     sampling: str = "uniform"
     weighting: Literal["auto", "counts", "uniform"] = "auto"
+    client_weights: tuple[float, ...] | None = None
 
     def __post_init__(self):
+        if self.client_weights is not None:
+            w = np.asarray(self.client_weights, np.float64)
+            if w.ndim != 1 or w.size == 0:
+                raise ValueError(f"client_weights must be a non-empty [C] vector, got {w.shape}")
+            if not np.isfinite(w).all() or w.min() < 0:
+                raise ValueError("client_weights must be finite and >= 0")
+            object.__setattr__(self, "client_weights", tuple(float(v) for v in w))
         if self.size is not None and self.size < 1:
             raise ValueError(f"cohort size must be >= 1, got {self.size}")
         if self.sampling not in ("uniform", "proportional"):
@@ -148,6 +160,10 @@ class CohortSpec:
             raise ValueError(f"weighting must be auto|counts|uniform, got {self.weighting!r}")
 
     def check(self, num_clients: int) -> None:
+        if self.client_weights is not None and len(self.client_weights) != num_clients:
+            raise ValueError(
+                f"client_weights has {len(self.client_weights)} entries for {num_clients} clients"
+            )
         if self.size is not None and self.size > num_clients and self.sampling == "uniform":
             raise ValueError(
                 f"cohort size {self.size} exceeds the number of clients ({num_clients})"
@@ -158,6 +174,9 @@ class CohortSpec:
         self.check(counts.shape[0])
         idx = sample_cohort(key, counts.shape[0], self.size, sampling=self.sampling, counts=counts)
         n = counts[idx].astype(float_dtype())
+        if self.client_weights is not None:
+            fixed = jnp.asarray(self.client_weights, float_dtype())[idx]
+            return idx, jnp.where(n > 0, fixed, 0.0)
         weighting = self.weighting
         if weighting == "auto":
             weighting = "uniform" if self.sampling == "proportional" else "counts"
