@@ -24,7 +24,7 @@ Deviations / resolutions:
   spec recommends float64). The misalignment uses the form `||m_i - m_n||^2 / 4`, which does
   not cancel catastrophically for nearly equal messages, in float64.
 - Sign (A4): `m_i' mean(X_i) >= 0`; when that product is zero up to round-off
-  (`<= 8 eps sqrt(d) ||mean(X_i)||`), `sum(m_i) >= 0`.
+  (`|m_i' sum_n x_n| <= 8 eps sqrt(d) sum_n ||x_n||`), `sum(m_i) >= 0`.
 - Clients without data (A5) have no message: their rows and columns of A are 0, so `p_i = 0`.
   A client *with* data whose features are all zero has no defined message: `ValueError`.
 """
@@ -101,7 +101,8 @@ def _messages(x, counts, method, rank, iterations):
     total = jnp.sum(xf, axis=1)  # [C, d], N_i * mean(X_i)
     dot = jnp.sum(top * total, axis=-1)
     eps = jnp.finfo(dtype).eps
-    tol = 8 * eps * math.sqrt(top.shape[-1]) * jnp.linalg.norm(total, axis=-1)
+    scale_sum = jnp.sum(jnp.linalg.norm(xf, axis=-1), axis=1)  # [C] sum_n ||x_n||
+    tol = 8 * eps * math.sqrt(top.shape[-1]) * scale_sum  # round-off level of m' sum_n x_n
     fallback = jnp.where(jnp.sum(top, axis=-1) < 0, -1.0, 1.0)
     sign = jnp.where(jnp.abs(dot) > tol, jnp.sign(dot), fallback)
     defined = scale > 0  # X_i' X_i != 0
