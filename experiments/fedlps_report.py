@@ -51,7 +51,8 @@ def table(results: dict) -> str:
         lines.append(
             f"\n**{cfg['dataset']}, {cfg['model']}** (C={cfg['clients']}, E={cfg['epochs']}, "
             f"B={cfg['batch']}, gamma={cfg['lr']:g}, T={cfg['rounds']}, target "
-            f"c={cfg['target']:g}, imbalanced a={cfg['a']:g}, b=1)\n"
+            f"c={cfg['target']:g}, imbalanced a={cfg['a']:g}, b=1, graph from "
+            f"{cfg.get('graph_features', 'standardised')} features)\n"
         )
         lines.append("| Algo | " + " | ".join(settings) + " |")
         lines.append("|---" * (len(settings) + 1) + "|")
@@ -82,7 +83,8 @@ def curves(results: dict) -> list[str]:
                 ax.axhline(res["config"]["target"], color="gray", ls=":", lw=0.8)
                 finals = [run["final_accuracy"] for run in rec["runs"].values()]
                 ax.set_ylim(max(0.0, min(finals) - 0.15), min(1.0, max(finals) + 0.02))
-                ax.set_title(f"{res['config']['model']}, {setting}", fontsize=9)
+                raw = " (graph: raw pixels)" if res["config"].get("graph_features") == "raw" else ""
+                ax.set_title(f"{res['config']['model']}, {setting}{raw}", fontsize=9)
                 ax.set_xlabel("round", fontsize=8)
                 ax.set_ylabel("pooled test acc (unseen)", fontsize=8)
                 ax.tick_params(labelsize=7)
@@ -105,12 +107,15 @@ def main() -> None:
     if os.path.exists(graph_path):
         with open(graph_path) as f:
             rows = json.load(f)
-        print("\n| dataset | a | b | median mis | mean mis | Laplacian lambda_2 / lambda_max |")
-        print("|---|---|---|---|---|---|")
+        print(
+            "\n| dataset | features | a | b | median mis | pairs m_i.m_n<0 | Laplacian l2 / l_max |"
+        )
+        print("|---|---|---|---|---|---|---|")
         for r in rows:
+            feats = "standardised" if r["standardised"] else "raw [0,1]"
             print(
-                f"| {r['dataset']} | {r['a']:g} | {r['b']:g} | {r['mis_median']:.3f} | "
-                f"{r['mis_mean']:.3f} | {r['lap_l2']:.3g} / {r['lap_max']:.3g} |"
+                f"| {r['dataset']} | {feats} | {r['a']:g} | {r['b']:g} | {r['mis_median']:.3f} | "
+                f"{r['opposite_fraction']:.2f} | {r['lap_l2']:.3g} / {r['lap_max']:.3g} |"
             )
 
 

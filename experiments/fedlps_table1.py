@@ -87,7 +87,7 @@ def run(args) -> dict:
         "mlp": lambda shape: mlp(shape, 10, hidden=(128,), l2=args.l2),
     }[args.model]
     settings = {"balanced": (0.0, 0.0), "imbalanced": (cfg["a"], 1.0)}
-    out = {"config": {**cfg, **vars(args)}, "settings": {}}
+    out = {"config": {**vars(args), **cfg}, "settings": {}}
     for setting in args.settings:
         a, b = settings[setting]
         ds = federate_unseen(
@@ -95,7 +95,14 @@ def run(args) -> dict:
             num_classes=10, name=args.dataset, class_imbalance=a, data_imbalance=b,
         )  # fmt: skip
         t0 = time.perf_counter()
-        graph = graph_from_data(ds.train)
+        if args.graph_features == "raw":  # same clients (the partition depends on labels only)
+            raw = federate_unseen(
+                xtr, ytr, xte, yte, num_clients=cfg["clients"], partitioner="hsu",
+                seed=args.seed, standardise=False, class_imbalance=a, data_imbalance=b,
+            )  # fmt: skip
+            graph = graph_from_data(raw.train)
+        else:
+            graph = graph_from_data(ds.train)
         graph_s = time.perf_counter() - t0
         model = make_model(ds.feature_shape)
         key = jax.random.key(args.seed)
@@ -154,6 +161,12 @@ def main() -> None:
     ap.add_argument("--settings", nargs="+", default=["balanced", "imbalanced"])
     ap.add_argument("--betas", nargs="+", type=float, default=[0.9, 0.5, 0.1])
     ap.add_argument("--prox", nargs="*", type=float, default=[], help="FedProx alphas")
+    ap.add_argument(
+        "--graph-features",
+        choices=["standardised", "raw"],
+        default="standardised",
+        help="features the messages are computed from (training uses standardised ones)",
+    )
     ap.add_argument("--l2", type=float, default=1e-4)
     ap.add_argument("--seed", type=int, default=0)
     for k in ("pool", "clients", "epochs", "batch", "rounds"):
@@ -163,7 +176,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="JSON path (default results/fedlps/...)")
     args = ap.parse_args()
     result = run(args)
-    path = args.out or os.path.join(RESULTS, f"{args.dataset}_{args.model}.json")
+    suffix = "_rawgraph" if args.graph_features == "raw" else ""
+    path = args.out or os.path.join(RESULTS, f"{args.dataset}_{args.model}{suffix}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(result, f)
