@@ -253,6 +253,7 @@ def build_run(cfg: RunConfig, mesh=None):
         "client_map": client_map,
         "mu": cfg.mu,
         "num_clients": dataset.train.num_clients,
+        "data": dataset.train,  # for factories built from the data (FedLPS' graph)
     }
     if cfg.straggler_fraction > 0:
         policy = "partial" if cfg.algorithm == "fedprox" else "drop"

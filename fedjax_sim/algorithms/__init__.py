@@ -41,6 +41,7 @@ from fedjax_sim.algorithms.fedavg import (
 from fedjax_sim.algorithms.fedbuff import as_fedavg, fedasync, fedbuff
 from fedjax_sim.algorithms.fedcm import fedcm
 from fedjax_sim.algorithms.feddyn import feddyn
+from fedjax_sim.algorithms.fedlps import fedlps
 from fedjax_sim.algorithms.fedmim import fedmim
 from fedjax_sim.algorithms.fedprox import fedprox
 from fedjax_sim.algorithms.fedsam import fedsam, mofedsam
@@ -101,6 +102,7 @@ register("fgdro_kl_adam", fgdro_kl_adam, "FGDRO-KL-Adam: FGDRO-KL with local Ada
 register("local_adam", local_adam, "LocalAdam: Adam-type local steps, averaged moments (ERM).")
 register("drfa", drfa, "DRFA: distributionally robust FedAvg (Deng et al. 2020).")
 register("dr_dsgd", dr_dsgd, "DR-DSGD, federated: exp(l/mu)-weighted local SGD (Issaid et al.).")
+register("fedlps", fedlps)
 
 
 def describe(name: str) -> str:
@@ -157,6 +159,7 @@ __all__ = [
     "diminishing",
     "fedasync",
     "fedbuff",
+    "fedlps",
     "fedopt",
     "fedprox",
     "fedsam",

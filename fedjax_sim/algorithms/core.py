@@ -24,6 +24,7 @@ from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
 
@@ -137,14 +138,25 @@ class CohortSpec:
       weighting: "counts" (n_i), "uniform", or "auto" (counts, except uniform for
         proportional sampling, which is then unbiased).
       probability: participation probability p of "bernoulli" sampling.
+      client_weights: optional fixed `[C]` aggregation weights (e.g. FedLPS' graph degrees
+        p_i, `similarity.SimilarityGraph.degrees`); when given they replace `weighting`
+        (clients without data still get 0). Stored as a tuple of floats.
     """
 
     size: int | None = None
     sampling: str = "uniform"
     weighting: Literal["auto", "counts", "uniform"] = "auto"
     probability: float | None = None
+    client_weights: tuple[float, ...] | None = None
 
     def __post_init__(self):
+        if self.client_weights is not None:
+            w = np.asarray(self.client_weights, np.float64)
+            if w.ndim != 1 or w.size == 0:
+                raise ValueError(f"client_weights must be a non-empty [C] vector, got {w.shape}")
+            if not np.isfinite(w).all() or w.min() < 0:
+                raise ValueError("client_weights must be finite and >= 0")
+            object.__setattr__(self, "client_weights", tuple(float(v) for v in w))
         if self.size is not None and self.size < 1:
             raise ValueError(f"cohort size must be >= 1, got {self.size}")
         if self.sampling not in ("uniform", "proportional", "bernoulli"):
@@ -162,6 +174,10 @@ class CohortSpec:
             raise ValueError("probability is only used by sampling='bernoulli'")
 
     def check(self, num_clients: int) -> None:
+        if self.client_weights is not None and len(self.client_weights) != num_clients:
+            raise ValueError(
+                f"client_weights has {len(self.client_weights)} entries for {num_clients} clients"
+            )
         if self.size is not None and self.size > num_clients and self.sampling != "proportional":
             raise ValueError(
                 f"cohort size {self.size} exceeds the number of clients ({num_clients})"
@@ -178,10 +194,14 @@ class CohortSpec:
             )
             selected = None
         n = counts[idx].astype(float_dtype())
-        weighting = self.weighting
-        if weighting == "auto":
-            weighting = "uniform" if self.sampling == "proportional" else "counts"
-        weights = n if weighting == "counts" else (n > 0).astype(n.dtype)
+        if self.client_weights is not None:
+            fixed = jnp.asarray(self.client_weights, float_dtype())[idx]
+            weights = jnp.where(n > 0, fixed, 0.0)
+        else:
+            weighting = self.weighting
+            if weighting == "auto":
+                weighting = "uniform" if self.sampling == "proportional" else "counts"
+            weights = n if weighting == "counts" else (n > 0).astype(n.dtype)
         if selected is not None:
             weights = jnp.where(selected, weights, 0.0)
         return idx, weights
