@@ -71,6 +71,9 @@ class BenchConfig:
     larger configurations are skipped, and a measurement is killed at 1.25x the budget."""
     max_round_s: float = 120.0
     """Skip sweep points predicted to take longer than this per round."""
+    peak_n: int | None = None
+    """Size n of the f32 [n, n] matmul whose rate is the roofline's peak (default: 2048 on
+    CPU, 8192 on accelerators)."""
     torch_threads: int | None = None
     """Threads of the PyTorch baseline (default: torch's, = cores)."""
     isolate: bool = True

@@ -172,6 +172,7 @@ class Session:
             "label": label,
             "repeats": cfg.repeats,
             "flops": cfg.flops,
+            "peak_n": cfg.peak_n,
             **extra,
         }
         est = estimate_bytes(w, per_client_bytes(w)) if task in ("engine", "rounds") else 0

@@ -1,9 +1,9 @@
 """`python -m fedjax_sim.bench.worker SPEC_JSON`: one measurement in a fresh process.
 
 SPEC: `{"task": "engine" | "loop" | "torch" | "rounds", "workload": Workload.describe(),
-"suite", "label", "repeats", "flops", "torch_threads", "rounds"}`. Prints the result row as
-one JSON line; an exception becomes a `skipped` row naming it (e.g. an algorithm that cannot
-run on the generic workload).
+"suite", "label", "repeats", "flops", "peak_n", "torch_threads", "rounds"}`. Prints the
+result row as one JSON line; an exception becomes a `skipped` row naming it (e.g. an
+algorithm that cannot run on the generic workload).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from fedjax_sim.bench import runner
+from fedjax_sim.bench import measure, runner
 from fedjax_sim.bench.workloads import Workload
 
 
@@ -27,11 +27,12 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     w = workload_from(spec["workload"])
     suite, label = spec.get("suite", "round"), spec.get("label")
     task, repeats = spec["task"], int(spec.get("repeats", 3))
-    named = {"label": label} if label else {}
+    named: dict[str, Any] = {"label": label} if label else {}
     try:
+        named["peak"] = measure.matmul_peak(spec.get("peak_n"))
         if task == "engine":
             return runner.measure_engine(
-                w, repeats=repeats, suite=suite, label=label, flops=spec.get("flops", True)
+                w, repeats=repeats, suite=suite, flops=spec.get("flops", True), **named
             )
         if task == "loop":
             return runner.measure_loop(w, repeats=repeats, suite=suite, **named)
@@ -40,7 +41,9 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
                 w, repeats=repeats, suite=suite, threads=spec.get("torch_threads"), **named
             )
         if task == "rounds":
-            return runner.measure_rounds_memory(w, int(spec["rounds"]), suite=suite)
+            return runner.measure_rounds_memory(
+                w, int(spec["rounds"]), suite=suite, peak=named["peak"]
+            )
     except Exception as e:  # reported as a skipped configuration, with the reason
         first = (str(e).strip().splitlines() or [""])[0][:300]
         return runner.skipped_row(suite, label or task, w, f"{type(e).__name__}: {first}")

@@ -10,6 +10,7 @@ the data, the algorithm (built through the registry with generic keyword argumen
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from typing import Any, NamedTuple
 
@@ -179,21 +180,21 @@ def make_model(w: Workload) -> Model:
 def make_data(w: Workload, seed: int = 0) -> FederatedData:
     """Random data generated on device (no host copy): `x [C, N, d]` uniform in [0, 1),
     `y [C, N]` uniform labels; client i's rows depend only on `(seed, i)`."""
-
-    def one(key):
-        kx, ky = jax.random.split(key)
-        x = jax.random.uniform(kx, (w.per_client, w.input_dim), jnp.float32)
-        y = jax.random.randint(ky, (w.per_client,), 0, w.num_classes, jnp.int32)
-        return x, y
-
-    @jax.jit
-    def gen(key):  # client blocks, so the peak is the data itself, not 2x (random bits)
-        keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(w.clients))
-        return jax.lax.map(one, keys, batch_size=min(w.clients, GEN_BLOCK))
-
-    x, y = gen(jax.random.key(seed))
+    x, y = _generate(jax.random.key(seed), w.clients, w.per_client, w.input_dim, w.num_classes)
     counts = jnp.full((w.clients,), w.per_client, jnp.int32)
     return FederatedData(x=x, y=y, counts=counts, num_classes=w.num_classes)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _generate(key, clients, per_client, dim, classes):
+    def one(k):
+        kx, ky = jax.random.split(k)
+        x = jax.random.uniform(kx, (per_client, dim), jnp.float32)
+        return x, jax.random.randint(ky, (per_client,), 0, classes, jnp.int32)
+
+    # in blocks of clients, so that the peak is the data itself, not 2x (random bits)
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(clients))
+    return jax.lax.map(one, keys, batch_size=min(clients, GEN_BLOCK))
 
 
 def abstract_data(w: Workload) -> FederatedData:
