@@ -4,7 +4,8 @@ Each device count runs in its own subprocess (virtual CPU devices are an XLA fla
 start-up; on a GPU/TPU host the real devices are used). Reports seconds/round, client-steps/s
 and the scaling efficiency `t(1) / (n * t(n))` as JSON lines.
 
-    python benchmarks/device_scaling.py --devices 1 2 4 --out benchmarks/results/device_scaling.jsonl
+    python benchmarks/device_scaling.py --devices 1 2 4 \
+        --out benchmarks/results/device_scaling.jsonl
 """
 
 from __future__ import annotations
