@@ -1,4 +1,4 @@
-"""Command line: `fedjax-sim run | list` (thin: parse a config, call `simulate`).
+"""Command line: `fedjax-sim run | list | bench` (thin: parse a config, call the library).
 
 `fedjax-sim run` with no flags runs the built-in default: FedAvg on scikit-learn digits,
 Dirichlet(0.5)-partitioned over 100 clients, an MLP, results under `results/`.
@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 import tyro
+
+from fedjax_sim.bench.config import BenchConfig
 
 EXIT_USAGE = 2
 
@@ -358,10 +360,34 @@ def _first_line(obj: Callable) -> str:
     return (obj.__doc__ or "").strip().split("\n")[0]
 
 
+# ------------------------------------------------------------------------------ bench
+def bench(cfg: BenchConfig) -> int:
+    from fedjax_sim import algorithms
+    from fedjax_sim.bench import suites, workloads
+
+    if cfg.workload not in workloads.PRESETS:
+        raise UsageError(
+            f"unknown workload {cfg.workload!r}; choose from {sorted(workloads.PRESETS)}"
+        )
+    if cfg.algorithm is not None and cfg.algorithm not in algorithms.ALGORITHMS:
+        raise UsageError(
+            f"unknown algorithm {cfg.algorithm!r}; choose from {sorted(algorithms.ALGORITHMS)}"
+        )
+    for name in cfg.cohort_workloads:
+        if name not in workloads.PRESETS:
+            raise UsageError(f"unknown cohort workload {name!r}")
+    try:
+        suites.run(cfg)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    return 0
+
+
 # ------------------------------------------------------------------------------ entry point
 COMMANDS: dict[str, tuple[type, Callable[..., int]]] = {
     "run": (RunConfig, run),
     "list": (ListConfig, list_registered),
+    "bench": (BenchConfig, bench),
 }
 
 
@@ -401,7 +427,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"usage: fedjax-sim {{{names}}} [--help] [options]\n\n"
             "  run    run a federated simulation (default: FedAvg on digits)\n"
-            "  list   list algorithms, datasets, partitioners and models"
+            "  list   list algorithms, datasets, partitioners and models\n"
+            "  bench  benchmark round throughput (see benchmarks/README.md)"
         )
         return 0 if argv else EXIT_USAGE
     cls, handler = COMMANDS[argv[0]]
