@@ -558,14 +558,14 @@ class Events:
             next_event = _geometric(uniforms(key, jnp.arange(c), ftype), p)
         else:
             next_event = jnp.zeros((0,), jnp.int32)
-        zeros = jnp.zeros((c,), jnp.int32)
+        zeros = lambda: jnp.zeros((c,), jnp.int32)  # distinct buffers: the state is donatable
         return EventState(
             k=jnp.int32(0),
             t=jnp.zeros((), ftype),
             version=jnp.int32(0),
             count=jnp.int32(0),
-            read_version=zeros,
-            read_iteration=zeros,
+            read_version=zeros(),
+            read_iteration=zeros(),
             next_event=next_event,
         )
 

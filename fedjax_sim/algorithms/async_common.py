@@ -182,7 +182,11 @@ class LocalWork:
       local: K local steps, batch size, minibatch sampling ("full": exact gradients).
       box: optional (lower, upper): project onto the box after every local step.
       client_scale: optional `[C]` factors s_i (f_i = s_i fhat_i; spec 7.2).
-      client_map: how the slots are mapped (vmap / lax.map).
+      client_map: how the slots are mapped (vmap / lax.map). Every asynchronous algorithm and
+        S-FedAvg trains its slots only through it, so `ClientMap(mesh=...)` shards the slot
+        training over devices (the `B` slots are padded to a multiple of the device count);
+        checked: AREA with a 4-device CPU mesh and its data and state placed with
+        `distributed.place` equals the unsharded run (categorical and bernoulli modes).
     """
 
     loss_fn: LossFn
