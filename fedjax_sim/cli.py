@@ -63,6 +63,9 @@ class RunConfig:
     """Aggregation weights of client updates."""
     client_lr: float = 0.1
     """Local SGD learning rate (FedSGD: the server learning rate)."""
+    client_lr_decay: float = 1.0
+    """Per-round decay of the local learning rate, `client_lr * decay^t` (the FedMIM paper's
+    0.998), for algorithms whose client learning rate may be a schedule."""
     server_lr: float = 1.0
     """Server learning rate (1.0 with SGD = plain averaging)."""
     local_steps: int = 10
@@ -205,6 +208,7 @@ def build_run(cfg: RunConfig, mesh=None):
     from fedjax_sim import algorithms, data, models
     from fedjax_sim.algorithms.core import CohortSpec, LocalSpec, Stragglers
     from fedjax_sim.parallel import ClientMap
+    from fedjax_sim.schedules import client_sgd, round_decay
 
     _check_config(cfg)
     load_kwargs: dict[str, object] = {"num_clients": cfg.num_clients, "seed": cfg.seed}
@@ -239,9 +243,12 @@ def build_run(cfg: RunConfig, mesh=None):
     model = models.build(cfg.model, dataset.feature_shape, dataset.num_classes, **model_kwargs)
 
     client_map = ClientMap(cfg.client_map, cfg.map_batch_size, mesh=mesh)
+    client_lr = cfg.client_lr
+    if cfg.client_lr_decay != 1.0:
+        client_lr = round_decay(cfg.client_lr, cfg.client_lr_decay)
     common = {
-        "client_optimizer": cfg.client_lr,
-        "client_lr": cfg.client_lr,
+        "client_optimizer": client_sgd(client_lr) if cfg.client_lr_decay != 1.0 else client_lr,
+        "client_lr": client_lr,
         "server_optimizer": cfg.server_lr,
         "server_lr": cfg.server_lr,
         "learning_rate": cfg.client_lr,
