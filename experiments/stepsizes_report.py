@@ -26,6 +26,8 @@ SCHEDULES = ("fixed", "diminishing", "step_decay")
 def load(directory: str) -> dict[str, dict]:
     out = {}
     for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
+        if os.path.basename(path).startswith("diagnose_"):  # stepsizes_diagnose.py output
+            continue
         with open(path) as f:
             out[os.path.basename(path)[:-5]] = json.load(f)
     return out

@@ -19,6 +19,11 @@ exact arithmetic). With a compressor, clients run error feedback (`ErrorFeedback
   `min(inner_lr, s_k)` (`cap_inner_lr=True`, spec 7.2: uncapped lr 0.1 diverges once
   s_k <= 0.05, which the paper's diminishing / step-decay schedules reach). J = 1 with
   `cap_inner_lr=False` is the effective update of the authors' released FedProx runs.
+  Spec 7.2 calls the capped solver safe for the fixed schedule; it is not in general: with
+  lr = s_k every inner step is `y <- x^k - s_k grad F_i(y; xi)`, which converges only while
+  `s_k * lambda_max(hess F_i(.; xi)) < 1`. For the paper's CNN at s = 0.1 the minibatch
+  curvature exceeds 10 after ~8 rounds and FedProx diverges (experiments/README.md); pass a
+  smaller `inner_lr` (GD on the prox objective is stable while `inner_lr (L + 1/s_k) < 2`).
 - `exact_prox`: the exact prox for quadratic losses, `p = x - s (I + s H)^{-1} grad F(x)`
   (closed form from the Hessian of the minibatch loss; for non-quadratic losses this is one
   Newton step on the prox subproblem, not the exact prox).

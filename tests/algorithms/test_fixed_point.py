@@ -315,6 +315,56 @@ def test_ef_memory_inequality(x64):
     assert grew
 
 
+def one_client_step(alg, x, data, step=None):
+    key = jax.random.key(0)
+    state, _ = (step or jax.jit(alg.step))(alg.init({"w": jnp.asarray(x)}, key), data, key)
+    return np.asarray(state.params["w"], np.float64)
+
+
+def test_lemma3_fedavg_client_drift(x64):
+    """Lemma 3 (sigma = 0): local GD with lr g = 1/(sqrt6 T L) from x stays within
+    sum_{t<T} ||x - x^t||^2 <= 6 g^2 T^3 ||grad f_i(x)||^2, with x^t = the library's t-step
+    operator on one client, checked against an independent NumPy recursion."""
+    q = least_squares(num_clients=1, examples_per_client=12, dim=4, heterogeneity=2.0, seed=5)
+    h, c = q.hessians[0], q.linear[0]
+    L, T = float(np.linalg.eigvalsh(h).max()), 4
+    g = 1 / (math.sqrt(6) * T * L)
+    points = np.random.default_rng(0).normal(size=(3, 4)) * 3
+    drift, ref = np.zeros(len(points)), np.zeros(len(points))
+    for t in range(1, T):
+        op = local_sgd(t, 1, divide_by_T=False, sampling="full")
+        alg = fixed_point(linear_regression(4).loss, operator=op, step_size=g)
+        step = jax.jit(alg.step)
+        for j, x in enumerate(points):
+            drift[j] += np.sum((one_client_step(alg, x, q.data, step) - x) ** 2)
+            y = x.copy()
+            for _ in range(t):
+                y = y - g * (h @ y - c)
+            ref[j] += np.sum((y - x) ** 2)
+    np.testing.assert_allclose(drift, ref, rtol=1e-10)
+    bound = np.array([6 * g**2 * T**3 * np.sum((h @ x - c) ** 2) for x in points])
+    assert np.all(drift <= bound)
+
+
+def test_lemma4_prox_drift(x64):
+    """Lemma 4 (sigma = 0): ||x - prox_{s f_i}(x)||^2 <= 6 s^2 ||grad f_i(x)||^2 for
+    s <= 1/(sqrt6 L), every client of a heterogeneous problem (exact prox operator)."""
+    q = least_squares(num_clients=4, examples_per_client=10, dim=5, heterogeneity=3.0, seed=6)
+    L = float(np.linalg.eigvalsh(q.hessians).max())
+    s = schedules.fedprox_cap(L)
+    alg = fp_fedprox(linear_regression(5).loss, step_size=s, exact=True, batch_size=None)
+    step = jax.jit(alg.step)
+    for i in range(4):
+        one = q.data.replace(
+            x=q.data.x[i : i + 1], y=q.data.y[i : i + 1], counts=q.data.counts[i : i + 1]
+        )
+        for x in np.random.default_rng(i).normal(size=(3, 5)) * 3:
+            p = one_client_step(alg, x, one, step)
+            g = q.hessians[i] @ x - q.linear[i]
+            assert np.sum((x - p) ** 2) <= 6 * s**2 * np.sum(g**2)
+            np.testing.assert_allclose(p, x - s * (q.hessians[i] @ p - q.linear[i]), atol=1e-10)
+
+
 # ------------------------------------------------------------------------------ reductions
 def stochastic_problem():
     return least_squares(num_clients=5, examples_per_client=[9, 14, 6, 11, 20], dim=6, seed=4)
@@ -459,6 +509,26 @@ def test_uncapped_inner_solver_diverges_for_small_step(x64):
         errors[cap_lr] = np.linalg.norm(np.asarray(state.params["w"]) - p)
     assert errors[True] < 1e-10
     assert errors[False] > 1e3 * np.linalg.norm(x0 - p)
+
+
+def test_capped_inner_solver_fails_when_s_times_curvature_exceeds_one(x64):
+    """With lr = s (the cap, e.g. the paper's fixed s = inner lr = 0.1) every inner step is
+    `y <- x - s grad F(y)`: it converges to the prox only while s L < 1 (L = the minibatch
+    loss's curvature, which exceeds 1/s = 10 for the CNN after a few rounds, see
+    experiments/README.md); a smaller inner lr (GD on the prox objective, stable while
+    lr (L + 1/s) < 2) still converges."""
+    q = least_squares(num_clients=1, examples_per_client=12, dim=4, seed=2)
+    model = linear_regression(4)
+    L = float(np.linalg.eigvalsh(q.hessians[0]).max())
+    s = 1.5 / L  # s L = 1.5: the prox subproblem is strongly convex, the iteration is not stable
+    x0 = np.ones(4)
+    p = np.linalg.solve(np.eye(4) + s * q.hessians[0], x0 + s * q.linear[0])
+    errors = {}
+    for lr in (s, 1 / (L + 1 / s)):
+        alg = fp_fedprox(model.loss, step_size=s, inner_steps=60, inner_lr=lr, batch_size=12)
+        errors[lr] = np.linalg.norm(one_client_step(alg, x0, q.data) - p)
+    assert errors[s] > np.linalg.norm(x0 - p)
+    assert errors[1 / (L + 1 / s)] < 1e-10
 
 
 # ------------------------------------------------------------------------------ wrappers, bytes
