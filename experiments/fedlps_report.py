@@ -77,6 +77,8 @@ def curves(results: dict) -> list[str]:
         axes = [[axes]] if len(items) * ncols == 1 else axes
         axes = [axes] if len(items) == 1 else axes
         for row, res in zip(axes, items, strict=True):
+            for ax in row[len(res["settings"]) :]:  # a run with fewer settings than columns
+                ax.axis("off")
             for ax, (setting, rec) in zip(row, res["settings"].items(), strict=False):
                 for algo, run in rec["runs"].items():
                     ax.plot(run["rounds"][1:], run["accuracy"][1:], label=algo, lw=1)
