@@ -98,7 +98,10 @@ def test_algorithm_table_ratios_and_skips(tmp_path, monkeypatch, cheap):
     summary = rows[-1]
     assert summary["kind"] == "summary"
     assert set(summary["skipped"]) == {"needs_foo", "broken", "unknown"}
-    assert summary["measured"] == ["fedavg", "fedprox"]
+    assert summary["measured"] == ["fedavg", "fedprox", "fedavg (end)"]
+    assert summary["fedavg_end_to_start"] == pytest.approx(
+        by["fedavg (end)"]["round_s_median"] / by["fedavg"]["round_s_median"], rel=1e-2
+    )
     for row in read_rows(str(tmp_path / "algorithms.jsonl")):
         validate_row(row)
 
@@ -151,7 +154,8 @@ def test_json_lines_are_plain_json(tmp_path):
 
 def test_kernel_table_is_driven_by_the_registry(tmp_path, monkeypatch):
     """With no --algorithms the table lists FedAvg first, then every registered algorithm
-    (so a newly registered one joins it), and each builds from the generic workload."""
+    (so a newly registered one joins it), then FedAvg again (load drift); each registered
+    algorithm builds from the generic workload."""
     monkeypatch.setitem(algorithms.ALGORITHMS, "zz_new", _needs_foo)
     seen = []
 
@@ -164,7 +168,8 @@ def test_kernel_table_is_driven_by_the_registry(tmp_path, monkeypatch):
     cfg = BenchConfig(suite=("algorithms",), workload="tiny-lr", out=str(tmp_path))
     suites.suite_algorithms(suites.Session(cfg, log=lambda s: None))
     names = sorted(n for n in algorithms.ALGORITHMS if n != "fedavg")
-    assert seen == [(n, n) for n in ["fedavg", *names]] and "zz_new" in names
+    expected = [(n, n) for n in ["fedavg", *names]] + [("fedavg (end)", "fedavg")]
+    assert seen == expected and "zz_new" in names
     w = preset("tiny-lr")
     data = make_data(w)
     for name in names:
