@@ -94,6 +94,11 @@ def fit(w: Workload, budget: int) -> Workload:
     """`w` with the mode/chunk chosen by `parallel.fit_client_map` for the budget."""
     pcb = per_client_bytes(w)
     left = int(budget / MARGIN) - BASE_RSS - data_bytes(w)
+    if left <= 0:
+        raise ValueError(
+            f"the data ({data_bytes(w) / GiB:.2f} GiB) and the process baseline "
+            f"({BASE_RSS / GiB:.2f} GiB) alone exceed the budget {budget / GiB:.2f} GiB / {MARGIN}"
+        )
     cmap = fit_client_map(w.clients, pcb, left)
     return w.replace(mode=cmap.mode, map_batch=cmap.batch_size)
 

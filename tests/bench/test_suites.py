@@ -127,6 +127,7 @@ def test_budget_skips_and_stops_the_sweep(tmp_path, monkeypatch):
     cfg.mode, cfg.cohorts = "preset", (10**7,)
     rows = suites.run(cfg, log=lambda s: None)["cohort"]
     assert rows[0]["kind"] == "skipped" and "does not fit the memory budget" in rows[0]["reason"]
+    assert "alone exceed the budget 1.50 GiB" in rows[0]["reason"]
 
 
 def test_watchdog_kills_a_measurement_over_its_memory_cap():
