@@ -12,7 +12,14 @@ from fedjax_sim.algorithms import fedavg
 from fedjax_sim.bench import suites
 from fedjax_sim.bench.config import BenchConfig
 from fedjax_sim.bench.results import read_rows, validate_row
-from fedjax_sim.bench.workloads import Workload, algorithm_kwargs, missing_required, preset
+from fedjax_sim.bench.workloads import (
+    Workload,
+    algorithm_kwargs,
+    make_algorithm,
+    make_data,
+    missing_required,
+    preset,
+)
 from fedjax_sim.cli import main
 
 
@@ -91,7 +98,10 @@ def test_algorithm_table_ratios_and_skips(tmp_path, monkeypatch, cheap):
     summary = rows[-1]
     assert summary["kind"] == "summary"
     assert set(summary["skipped"]) == {"needs_foo", "broken", "unknown"}
-    assert summary["measured"] == ["fedavg", "fedprox"]
+    assert summary["measured"] == ["fedavg", "fedprox", "fedavg (end)"]
+    assert summary["fedavg_end_to_start"] == pytest.approx(
+        by["fedavg (end)"]["round_s_median"] / by["fedavg"]["round_s_median"], rel=1e-2
+    )
     for row in read_rows(str(tmp_path / "algorithms.jsonl")):
         validate_row(row)
 
@@ -117,6 +127,7 @@ def test_budget_skips_and_stops_the_sweep(tmp_path, monkeypatch):
     cfg.mode, cfg.cohorts = "preset", (10**7,)
     rows = suites.run(cfg, log=lambda s: None)["cohort"]
     assert rows[0]["kind"] == "skipped" and "does not fit the memory budget" in rows[0]["reason"]
+    assert "alone exceed the budget 1.50 GiB" in rows[0]["reason"]
 
 
 def test_watchdog_kills_a_measurement_over_its_memory_cap():
@@ -140,3 +151,28 @@ def test_json_lines_are_plain_json(tmp_path):
 
     write_rows(path, [{"a": 1}, {"b": [1, 2]}])
     assert [json.loads(line) for line in open(path)] == [{"a": 1}, {"b": [1, 2]}]
+
+
+def test_kernel_table_is_driven_by_the_registry(tmp_path, monkeypatch):
+    """With no --algorithms the table lists FedAvg first, then every registered algorithm
+    (so a newly registered one joins it), then FedAvg again (load drift); each registered
+    algorithm builds from the generic workload."""
+    monkeypatch.setitem(algorithms.ALGORITHMS, "zz_new", _needs_foo)
+    seen = []
+
+    def fake_measure(self, task, w, suite, label, **extra):
+        seen.append((label, w.algorithm))
+        return {"kind": "skipped", "suite": suite, "label": label, "reason": "fake"}
+
+    monkeypatch.setattr(suites.Session, "measure", fake_measure)
+    monkeypatch.setattr(suites, "_summary", lambda row: row)
+    cfg = BenchConfig(suite=("algorithms",), workload="tiny-lr", out=str(tmp_path))
+    suites.suite_algorithms(suites.Session(cfg, log=lambda s: None))
+    names = sorted(n for n in algorithms.ALGORITHMS if n != "fedavg")
+    expected = [(n, n) for n in ["fedavg", *names]] + [("fedavg (end)", "fedavg")]
+    assert seen == expected and "zz_new" in names
+    w = preset("tiny-lr")
+    data = make_data(w)
+    for name in names:
+        if name != "zz_new":
+            make_algorithm(w.replace(algorithm=name), data)  # no missing hyper-parameter
