@@ -4,7 +4,8 @@ Each device count runs in its own subprocess (virtual CPU devices are an XLA fla
 start-up; on a GPU/TPU host the real devices are used). Reports seconds/round, client-steps/s
 and the scaling efficiency `t(1) / (n * t(n))` as JSON lines.
 
-    python benchmarks/device_scaling.py --devices 1 2 4 --out benchmarks/results/device_scaling.jsonl
+    python benchmarks/device_scaling.py --devices 1 2 4 \
+        --out benchmarks/results/device_scaling.jsonl
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ def worker(args: argparse.Namespace) -> None:
     model = mlp((784,), 10, hidden=tuple(args.hidden))
     mesh = client_mesh(args.worker_devices) if args.worker_devices > 1 else None
     cmap = ClientMap(args.mode, args.map_batch, mesh=mesh)
-    alg = fedavg(model.loss, client_optimizer=0.05,
-                 local=LocalSpec(steps=args.steps, batch_size=args.batch), client_map=cmap)
+    alg = fedavg(
+        model.loss,
+        client_optimizer=0.05,
+        local=LocalSpec(steps=args.steps, batch_size=args.batch),
+        client_map=cmap,
+    )
     key = jax.random.key(0)
     state = alg.init(model.init(key), key)
     step = jax.jit(alg.step)
@@ -47,14 +52,25 @@ def worker(args: argparse.Namespace) -> None:
         jax.block_until_ready(step(state, data, key))
         times.append(time.perf_counter() - t0)
     med = statistics.median(times)
-    print(json.dumps({
-        "devices": args.worker_devices, "device_kind": jax.devices()[0].device_kind,
-        "backend": jax.default_backend(), "jax": jax.__version__, "clients": args.clients,
-        "steps": args.steps, "batch": args.batch, "mode": args.mode,
-        "map_batch": args.map_batch, "compile_s": round(compile_s, 3),
-        "round_s_median": round(med, 4), "round_s_min": round(min(times), 4),
-        "client_steps_per_s": round(args.clients * args.steps / med, 1),
-    }))
+    print(
+        json.dumps(
+            {
+                "devices": args.worker_devices,
+                "device_kind": jax.devices()[0].device_kind,
+                "backend": jax.default_backend(),
+                "jax": jax.__version__,
+                "clients": args.clients,
+                "steps": args.steps,
+                "batch": args.batch,
+                "mode": args.mode,
+                "map_batch": args.map_batch,
+                "compile_s": round(compile_s, 3),
+                "round_s_median": round(med, 4),
+                "round_s_min": round(min(times), 4),
+                "client_steps_per_s": round(args.clients * args.steps / med, 1),
+            }
+        )
+    )
 
 
 def main() -> None:

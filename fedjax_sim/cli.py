@@ -1,4 +1,4 @@
-"""Command line: `fedjax-sim run | list` (thin: parse a config, call `simulate`).
+"""Command line: `fedjax-sim run | list | bench` (thin: parse a config, call the library).
 
 `fedjax-sim run` with no flags runs the built-in default: FedAvg on scikit-learn digits,
 Dirichlet(0.5)-partitioned over 100 clients, an MLP, results under `results/`.
@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 import tyro
+
+from fedjax_sim.bench.config import BenchConfig
 
 EXIT_USAGE = 2
 
@@ -211,6 +213,8 @@ def build_run(cfg: RunConfig, mesh=None):
     elif cfg.dataset == "shakespeare":  # natural per-speaker partition
         if cfg.data_dir:
             load_kwargs["data_dir"] = cfg.data_dir
+    elif cfg.dataset == "shifted_minority":  # natural split: no partition options
+        pass
     else:
         load_kwargs["partitioner"] = cfg.partition
         load_kwargs.update(
@@ -237,6 +241,7 @@ def build_run(cfg: RunConfig, mesh=None):
     client_map = ClientMap(cfg.client_map, cfg.map_batch_size, mesh=mesh)
     common = {
         "client_optimizer": cfg.client_lr,
+        "client_lr": cfg.client_lr,
         "server_optimizer": cfg.server_lr,
         "server_lr": cfg.server_lr,
         "learning_rate": cfg.client_lr,
@@ -249,6 +254,8 @@ def build_run(cfg: RunConfig, mesh=None):
         "cohort": CohortSpec(cfg.cohort_size, cfg.cohort_sampling, cfg.weighting),
         "client_map": client_map,
         "mu": cfg.mu,
+        "num_clients": dataset.train.num_clients,
+        "data": dataset.train,  # for factories built from the data (FedLPS' graph)
     }
     if cfg.straggler_fraction > 0:
         policy = "partial" if cfg.algorithm == "fedprox" else "drop"
@@ -278,7 +285,7 @@ def run(cfg: RunConfig) -> int:
     from fedjax_sim.simulate import EvalSpec, NonFiniteError, simulate
 
     summary = dataset.train.summary()
-    natural = cfg.dataset in ("shakespeare", "fedprox_synthetic")
+    natural = cfg.dataset in ("shakespeare", "fedprox_synthetic", "shifted_minority")
     partition_name = "natural" if natural else cfg.partition
     main_process = jax.process_index() == 0
     if main_process:
@@ -353,10 +360,34 @@ def _first_line(obj: Callable) -> str:
     return (obj.__doc__ or "").strip().split("\n")[0]
 
 
+# ------------------------------------------------------------------------------ bench
+def bench(cfg: BenchConfig) -> int:
+    from fedjax_sim import algorithms
+    from fedjax_sim.bench import suites, workloads
+
+    if cfg.workload not in workloads.PRESETS:
+        raise UsageError(
+            f"unknown workload {cfg.workload!r}; choose from {sorted(workloads.PRESETS)}"
+        )
+    if cfg.algorithm is not None and cfg.algorithm not in algorithms.ALGORITHMS:
+        raise UsageError(
+            f"unknown algorithm {cfg.algorithm!r}; choose from {sorted(algorithms.ALGORITHMS)}"
+        )
+    for name in cfg.cohort_workloads:
+        if name not in workloads.PRESETS:
+            raise UsageError(f"unknown cohort workload {name!r}")
+    try:
+        suites.run(cfg)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    return 0
+
+
 # ------------------------------------------------------------------------------ entry point
 COMMANDS: dict[str, tuple[type, Callable[..., int]]] = {
     "run": (RunConfig, run),
     "list": (ListConfig, list_registered),
+    "bench": (BenchConfig, bench),
 }
 
 
@@ -396,7 +427,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"usage: fedjax-sim {{{names}}} [--help] [options]\n\n"
             "  run    run a federated simulation (default: FedAvg on digits)\n"
-            "  list   list algorithms, datasets, partitioners and models"
+            "  list   list algorithms, datasets, partitioners and models\n"
+            "  bench  benchmark round throughput (see benchmarks/README.md)"
         )
         return 0 if argv else EXIT_USAGE
     cls, handler = COMMANDS[argv[0]]

@@ -6,6 +6,10 @@
   vmap over 1000 MLP clients streams 1000 parameter copies through memory every step).
 - `auto` (default): `vmap` on accelerators, `map` with `batch_size=8` on CPU.
 
+`fit_client_map(cohort, per_client_bytes, budget_bytes)` picks a concrete mode and chunk
+for a memory budget (a small heuristic, documented on the function); `ClientMap("auto")`
+itself is unchanged.
+
 `map_sum` fuses the aggregation into the map: the summands are accumulated chunk by chunk, so
 a FedAvg round never materialises `[M, d]` client updates in `map` mode. All modes compute the
 same per-client values; sums may differ in the last bits (summation order).
@@ -34,6 +38,10 @@ from jax.sharding import PartitionSpec as P
 
 MapMode = Literal["auto", "vmap", "map"]
 CPU_DEFAULT_BATCH = 8
+# target working set of one chunk of clients on CPU: about half the last-level cache of the
+# machines measured here (32 MiB L3); W1's MLP clients (~2.6 MB each) then run 6 at a time,
+# next to the measured optimum map(batch_size=5) (see `../shared/notes/measured_facts.md`)
+CPU_CHUNK_BYTES = 16 * 2**20
 CLIENT_AXIS = "clients"
 
 _ACTIVE_AXIS: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -173,6 +181,50 @@ class ClientMap:
         )(valid, *xs)
         trim = lambda tree: jax.tree.map(lambda a: a[:num], tree)
         return (out[0], trim(out[1])) if reduce else trim(out)
+
+
+def fit_client_map(
+    cohort: int,
+    per_client_bytes: int,
+    budget_bytes: int,
+    *,
+    backend: str | None = None,
+    mesh: Mesh | None = None,
+    axis: str = CLIENT_AXIS,
+) -> ClientMap:
+    """A `ClientMap` for `cohort` clients whose live working sets fit `budget_bytes`.
+
+    `per_client_bytes` is the working memory of one mapped client (e.g. the slope of XLA's
+    temporary buffers in the cohort size, `fedjax_sim.bench.suites.per_client_bytes`);
+    `budget_bytes` is what is left for it after the data and the model. With a mesh the
+    budget is per device and the cohort is split over its `axis`. Heuristic:
+
+    - CPU: `map` in chunks whose working set is about `CPU_CHUNK_BYTES` (cache-sized chunks;
+      vmap over a large cohort is the slowest compiled form there), capped by the budget.
+    - GPU/TPU: `vmap` over the whole (per-device) cohort if it fits, else `map` with the
+      largest chunk that fits.
+
+    Raises ValueError if not even one client fits.
+    """
+    if cohort < 1 or per_client_bytes < 1:
+        raise ValueError(
+            f"cohort and per_client_bytes must be >= 1, got {cohort}, {per_client_bytes}"
+        )
+    fit = budget_bytes // per_client_bytes
+    if fit < 1:
+        raise ValueError(
+            f"one client needs ~{per_client_bytes / 2**20:.1f} MiB, more than the memory "
+            f"budget left for clients ({budget_bytes / 2**20:.1f} MiB)"
+        )
+    shards = 1 if mesh is None else int(mesh.shape[axis])
+    local = -(-cohort // shards)
+    backend = backend or jax.default_backend()
+    if backend == "cpu":
+        chunk = max(1, min(fit, CPU_CHUNK_BYTES // per_client_bytes, local))
+        return ClientMap("map", chunk, mesh=mesh, axis=axis)
+    if local <= fit:
+        return ClientMap("vmap", mesh=mesh, axis=axis)
+    return ClientMap("map", int(fit), mesh=mesh, axis=axis)
 
 
 def _pad_rows(a: jax.Array, rows: int) -> jax.Array:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -57,6 +58,25 @@ def evaluate_central(model: Model, params: Any, test: ArrayData, batch_size: int
     return {"test_loss": stats["loss"] / count, "test_accuracy": stats["correct"] / count}
 
 
+def client_stats(
+    model: Model,
+    params: Any,
+    x: jax.Array,
+    y: jax.Array,
+    counts: jax.Array,
+    client_map: ClientMap = ClientMap(),
+) -> dict[str, jax.Array]:
+    """`[C]` sums over each client's valid rows of the global model's `loss`, `correct` and
+    `count` (`Model.evaluate` per client)."""
+    n_max = x.shape[1]
+
+    def one(xc, yc, n):
+        mask = (jnp.arange(n_max) < n).astype(jnp.float32)
+        return model.evaluate(params, Batch(xc, yc, mask))
+
+    return client_map.map(one, x, y, counts)
+
+
 def evaluate_clients(
     model: Model,
     params: Any,
@@ -69,13 +89,7 @@ def evaluate_clients(
     """Per-client loss/accuracy of the global model; summaries over clients with data:
     mean, worst (min accuracy / max loss), 10th percentile of accuracy, and the pooled
     (example-weighted) loss."""
-    n_max = x.shape[1]
-
-    def one(xc, yc, n):
-        mask = (jnp.arange(n_max) < n).astype(jnp.float32)
-        return model.evaluate(params, Batch(xc, yc, mask))
-
-    stats = client_map.map(one, x, y, counts)
+    stats = client_stats(model, params, x, y, counts, client_map)
     has = counts > 0
     cnt = jnp.maximum(stats["count"], 1.0)
     acc, loss = stats["correct"] / cnt, stats["loss"] / cnt
@@ -102,6 +116,8 @@ class EvalSpec:
       clients: evaluate on each client's test split (if the data has one).
       train: evaluate the global training objective on every client's training data.
       batch_size: central-evaluation batch size.
+      extra: optional jittable `extra(params, data, test) -> {name: scalar}` merged into
+        every evaluation row (e.g. `fedjax_sim.dro.dro_evaluator(...)`: worst-group metrics).
     """
 
     every: int = 10
@@ -109,6 +125,7 @@ class EvalSpec:
     clients: bool = True
     train: bool = False
     batch_size: int = 1024
+    extra: Callable[[Any, FederatedData, ArrayData | None], dict[str, jax.Array]] | None = None
 
 
 # ------------------------------------------------------------------------------ runner
@@ -289,6 +306,8 @@ def _compiled_evaluator(model: Model, spec: EvalSpec, client_map: ClientMap, has
             )
             out["train_objective"] = stats["train_loss_pooled"]
             out["train_accuracy_worst"] = stats["train_accuracy_worst"]
+        if spec.extra is not None:
+            out.update(spec.extra(params, data, test))
         return out
 
     return jax.jit(evaluate)

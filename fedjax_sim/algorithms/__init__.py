@@ -10,6 +10,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from fedjax_sim.algorithms.area import area
+from fedjax_sim.algorithms.async_common import diminishing, sample_size_scale
 from fedjax_sim.algorithms.core import (
     Algorithm,
     CohortSpec,
@@ -23,6 +25,8 @@ from fedjax_sim.algorithms.core import (
     server_update,
     weighted_mean,
 )
+from fedjax_sim.algorithms.dro_baselines import dr_dsgd, drfa
+from fedjax_sim.algorithms.fedadam import adam_without_bias_correction, fedadam_reddi
 from fedjax_sim.algorithms.fedavg import (
     ServerState,
     fedadagrad,
@@ -34,7 +38,19 @@ from fedjax_sim.algorithms.fedavg import (
     fedyogi,
     server_optimizer,
 )
+from fedjax_sim.algorithms.fedbuff import as_fedavg, fedasync, fedbuff
+from fedjax_sim.algorithms.fedcm import fedcm
+from fedjax_sim.algorithms.feddyn import feddyn
+from fedjax_sim.algorithms.fedlps import fedlps
+from fedjax_sim.algorithms.fedmim import fedmim
 from fedjax_sim.algorithms.fedprox import fedprox
+from fedjax_sim.algorithms.fedsam import fedsam, mofedsam
+from fedjax_sim.algorithms.fgdro import fgdro_cvar, fgdro_kl, fgdro_kl_adam, local_adam
+from fedjax_sim.algorithms.fixed_point import ef_fedavg, ef_fedprox, fp_fedavg, fp_fedprox
+from fedjax_sim.algorithms.mifa import mifa
+from fedjax_sim.algorithms.scaffold import scaffold
+from fedjax_sim.algorithms.sfedavg import s_fedavg
+from fedjax_sim.schedules import client_sgd, round_decay
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
 _DESCRIPTIONS: dict[str, str] = {}
@@ -57,6 +73,36 @@ register("fedavgm", fedavgm, "FedAvgM: FedAvg with server momentum (Hsu et al. 2
 register("fedadam", fedadam, "FedAdam: server Adam, optax bias-corrected (Reddi et al. 2021).")
 register("fedyogi", fedyogi, "FedYogi: server Yogi (Reddi et al. 2021).")
 register("fedadagrad", fedadagrad, "FedAdagrad: server Adagrad (Reddi et al. 2021).")
+register(
+    "fedadam_reddi",
+    fedadam_reddi,
+    "FedAdam as in Reddi et al. Alg. 2 / the FedMIM paper: server Adam, no bias correction.",
+)
+register("fedmim", fedmim, "FedMIM: multi-step inertial momentum (Liu et al., Algorithm 1).")
+register("fedcm", fedcm, "FedCM: client-level momentum (Xu et al. 2021).")
+register("scaffold", scaffold, "SCAFFOLD option II: per-client control variates (ICML 2020).")
+register("feddyn", feddyn, "FedDyn: dynamic regularization, per-client h_i (ICLR 2021).")
+register("fedsam", fedsam, "FedSAM: local SAM steps, FedAvg aggregation (Qu et al. 2022).")
+register("mofedsam", mofedsam, "MoFedSAM: FedCM with local SAM gradients (Qu et al. 2022).")
+register("fp_fedavg", fp_fedavg, "FedAvg as T local SGD steps of step s_k/T (Beikmohammadi+ 2024).")
+register("fp_fedprox", fp_fedprox, "FedProx as one prox_{s_k F_i} per round (Beikmohammadi+ 2024).")
+register("ef_fedavg", ef_fedavg, "Error-feedback FedAvg, top-1% uploads (Beikmohammadi+ 2024).")
+register("ef_fedprox", ef_fedprox, "Error-feedback FedProx, top-1% uploads (Beikmohammadi+ 2024).")
+register("area", area)
+register("s_fedavg", s_fedavg)
+register("as_fedavg", as_fedavg)
+register("fedbuff", fedbuff)
+register("mifa", mifa)
+register("fedasync", fedasync)
+register(
+    "fgdro_cvar", fgdro_cvar, "FGDRO-CVaR: mean of the K worst client losses (Guo & Yang 2024)."
+)
+register("fgdro_kl", fgdro_kl, "FGDRO-KL: KL-regularised group DRO (Guo & Yang 2024).")
+register("fgdro_kl_adam", fgdro_kl_adam, "FGDRO-KL-Adam: FGDRO-KL with local Adam steps.")
+register("local_adam", local_adam, "LocalAdam: Adam-type local steps, averaged moments (ERM).")
+register("drfa", drfa, "DRFA: distributionally robust FedAvg (Deng et al. 2020).")
+register("dr_dsgd", dr_dsgd, "DR-DSGD, federated: exp(l/mu)-weighted local SGD (Issaid et al.).")
+register("fedlps", fedlps)
 
 
 def describe(name: str) -> str:
@@ -86,27 +132,55 @@ def accepted_kwargs(name: str) -> set[str] | None:
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
+    "area",
+    "as_fedavg",
     "CohortSpec",
     "LocalResult",
     "LocalSpec",
     "ServerState",
     "Stragglers",
     "accepted_kwargs",
+    "adam_without_bias_correction",
     "build",
     "client_key",
+    "client_sgd",
     "describe",
+    "ef_fedavg",
+    "ef_fedprox",
+    "dr_dsgd",
+    "drfa",
     "fedadagrad",
     "fedadam",
     "fedavg",
     "fedavgm",
+    "fedcm",
+    "feddyn",
+    "fedmim",
+    "diminishing",
+    "fedasync",
+    "fedbuff",
+    "fedlps",
     "fedopt",
     "fedprox",
+    "fedsam",
     "fedsgd",
     "fedyogi",
+    "fp_fedavg",
+    "fp_fedprox",
+    "fgdro_cvar",
+    "fgdro_kl",
+    "fgdro_kl_adam",
+    "local_adam",
     "local_train",
     "map_cohort",
+    "mofedsam",
+    "mifa",
     "register",
+    "round_decay",
     "round_key",
+    "scaffold",
+    "s_fedavg",
+    "sample_size_scale",
     "server_optimizer",
     "server_update",
     "weighted_mean",

@@ -24,11 +24,12 @@ from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
 
 from fedjax_sim.data.federated import Batch, ClientData, FederatedData, tree_size_bytes
-from fedjax_sim.events import sample_cohort
+from fedjax_sim.events import bernoulli_cohort, sample_cohort
 from fedjax_sim.parallel import ClientMap, to_varying
 
 Params = Any
@@ -55,7 +56,7 @@ def float_dtype() -> jnp.dtype:
 
 # ------------------------------------------------------------------------------ keys
 # Purposes folded into the round key, so different uses never share random bits.
-COHORT, LOCAL, STRAGGLERS, EXTRA = 0, 1, 2, 3
+COHORT, LOCAL, STRAGGLERS, EXTRA, UPLINK = 0, 1, 2, 3, 4
 
 
 def round_key(key: PRNGKey, round_: jax.Array, purpose: int) -> PRNGKey:
@@ -129,26 +130,55 @@ class CohortSpec:
     """Who participates in a round and how their updates are weighted.
 
     Attributes:
-      size: clients per round M (None: full participation).
-      sampling: "uniform" (without replacement) or "proportional" (with replacement, P ~ n_i).
+      size: clients per round M (None: full participation). For "bernoulli" sampling: the
+        static capacity of the cohort buffer (None: all C clients, exact).
+      sampling: "uniform" (M without replacement), "proportional" (M with replacement,
+        P ~ n_i) or "bernoulli" (each client independently with `probability`; padding
+        slots and empty rounds get weight 0, so an empty round leaves the model unchanged).
       weighting: "counts" (n_i), "uniform", or "auto" (counts, except uniform for
         proportional sampling, which is then unbiased).
+      probability: participation probability p of "bernoulli" sampling.
+      client_weights: optional fixed `[C]` aggregation weights (e.g. FedLPS' graph degrees
+        p_i, `similarity.SimilarityGraph.degrees`); when given they replace `weighting`
+        (clients without data still get 0). Stored as a tuple of floats.
     """
 
     size: int | None = None
     sampling: str = "uniform"
     weighting: Literal["auto", "counts", "uniform"] = "auto"
+    probability: float | None = None
+    client_weights: tuple[float, ...] | None = None
 
     def __post_init__(self):
+        if self.client_weights is not None:
+            w = np.asarray(self.client_weights, np.float64)
+            if w.ndim != 1 or w.size == 0:
+                raise ValueError(f"client_weights must be a non-empty [C] vector, got {w.shape}")
+            if not np.isfinite(w).all() or w.min() < 0:
+                raise ValueError("client_weights must be finite and >= 0")
+            object.__setattr__(self, "client_weights", tuple(float(v) for v in w))
         if self.size is not None and self.size < 1:
             raise ValueError(f"cohort size must be >= 1, got {self.size}")
-        if self.sampling not in ("uniform", "proportional"):
-            raise ValueError(f"cohort sampling must be uniform|proportional, got {self.sampling!r}")
+        if self.sampling not in ("uniform", "proportional", "bernoulli"):
+            raise ValueError(
+                f"cohort sampling must be uniform|proportional|bernoulli, got {self.sampling!r}"
+            )
         if self.weighting not in ("auto", "counts", "uniform"):
             raise ValueError(f"weighting must be auto|counts|uniform, got {self.weighting!r}")
+        if self.sampling == "bernoulli":
+            if self.probability is None or not 0.0 < self.probability <= 1.0:
+                raise ValueError(
+                    f"bernoulli sampling needs a probability in (0, 1], got {self.probability}"
+                )
+        elif self.probability is not None:
+            raise ValueError("probability is only used by sampling='bernoulli'")
 
     def check(self, num_clients: int) -> None:
-        if self.size is not None and self.size > num_clients and self.sampling == "uniform":
+        if self.client_weights is not None and len(self.client_weights) != num_clients:
+            raise ValueError(
+                f"client_weights has {len(self.client_weights)} entries for {num_clients} clients"
+            )
+        if self.size is not None and self.size > num_clients and self.sampling != "proportional":
             raise ValueError(
                 f"cohort size {self.size} exceeds the number of clients ({num_clients})"
             )
@@ -156,13 +186,32 @@ class CohortSpec:
     def sample(self, key: PRNGKey, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
         """`(client ids [M], aggregation weights [M])`; empty clients get weight 0."""
         self.check(counts.shape[0])
-        idx = sample_cohort(key, counts.shape[0], self.size, sampling=self.sampling, counts=counts)
+        if self.sampling == "bernoulli":
+            idx, selected = bernoulli_cohort(key, counts.shape[0], self.probability, self.size)
+        else:
+            idx = sample_cohort(
+                key, counts.shape[0], self.size, sampling=self.sampling, counts=counts
+            )
+            selected = None
         n = counts[idx].astype(float_dtype())
-        weighting = self.weighting
-        if weighting == "auto":
-            weighting = "uniform" if self.sampling == "proportional" else "counts"
-        weights = n if weighting == "counts" else (n > 0).astype(n.dtype)
+        if self.client_weights is not None:
+            fixed = jnp.asarray(self.client_weights, float_dtype())[idx]
+            weights = jnp.where(n > 0, fixed, 0.0)
+        else:
+            weighting = self.weighting
+            if weighting == "auto":
+                weighting = "uniform" if self.sampling == "proportional" else "counts"
+            weights = n if weighting == "counts" else (n > 0).astype(n.dtype)
+        if selected is not None:
+            weights = jnp.where(selected, weights, 0.0)
         return idx, weights
+
+    def downloads(self, idx: jax.Array, weights: jax.Array) -> jax.Array:
+        """Clients that receive the model in a round: the whole cohort, except for Bernoulli
+        sampling, whose unselected padding slots are not clients of the round."""
+        if self.sampling == "bernoulli":
+            return jnp.sum(weights > 0)
+        return jnp.int32(idx.shape[0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -362,6 +411,18 @@ def tree_scale(a: Params, s: jax.Array) -> Params:
 
 def tree_norm(tree: Params) -> jax.Array:
     return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
+
+
+def tree_sq_norm(tree: Params) -> jax.Array:
+    return sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree))
+
+
+def consistency(mean_sq_norm: jax.Array, mean_delta: Params) -> jax.Array:
+    """The FedMIM paper's local consistency `C_t = sum_i w_i ||x_i - xbar||^2 / sum_i w_i`
+    (dispersion of the cohort's local models x_i around their weighted mean xbar), from the
+    weighted means of `||Delta_i||^2` and of `Delta_i = x_i - x_t`:
+    `C_t = mean ||Delta_i||^2 - ||mean Delta_i||^2` (clipped at 0 against round-off)."""
+    return jnp.maximum(mean_sq_norm - tree_sq_norm(mean_delta), 0.0)
 
 
 def tree_all_finite(tree: Params) -> jax.Array:

@@ -29,6 +29,7 @@ from fedjax_sim.algorithms.core import (
     COHORT,
     LOCAL,
     STRAGGLERS,
+    UPLINK,
     Algorithm,
     ClientOptimizer,
     CohortSpec,
@@ -39,6 +40,7 @@ from fedjax_sim.algorithms.core import (
     Stragglers,
     client_key,
     client_optimizer_for_round,
+    consistency,
     local_train,
     map_cohort,
     payload_metrics,
@@ -46,19 +48,24 @@ from fedjax_sim.algorithms.core import (
     server_optimizer_from,
     server_update,
     tree_norm,
+    tree_sq_norm,
     tree_sub,
 )
-from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.compression import Uplink
+from fedjax_sim.data.federated import FederatedData, tree_size_bytes
 from fedjax_sim.parallel import ClientMap
 
 
 @struct.dataclass
 class ServerState:
-    """State of the FedAvg family: global params, server optimizer state, round counter."""
+    """State of the FedAvg family: global params, server optimizer state, round counter, and
+    the per-client memory of the uplink (e.g. error-feedback errors `[C, ...]`; None without
+    an uplink or for a stateless one)."""
 
     params: Params
     opt_state: Any
     round: jax.Array  # [] int32
+    uplink: Any = None
 
 
 def local_update_round(
@@ -71,16 +78,30 @@ def local_update_round(
     stragglers: Stragglers,
     client_map: ClientMap,
     make_grad_fn: Callable[[Params], GradFn] | None = None,
+    make_round_grad_fn: Callable[[Params, jax.Array], GradFn] | None = None,
+    uplink: Uplink | None = None,
 ) -> Algorithm:
     """The FedAvg-type round shared by FedAvg, FedProx and friends: local training with an
-    optional gradient hook `make_grad_fn(global_params)`, weighted mean of deltas, server
-    optimizer. Algorithms without per-client state build on this."""
+    optional gradient hook `make_grad_fn(global_params)` (or `make_round_grad_fn(global_params,
+    round)` for round-dependent hooks, e.g. a proximal weight following a step-size schedule),
+    weighted mean of deltas, server optimizer. Algorithms without per-client state build on
+    this. With an `uplink` (`fedjax_sim.compression.ErrorFeedback` / `Compressed`), each
+    client sends `uplink.apply(Delta_i, memory_i)` instead of `Delta_i`; the memory of all C
+    clients lives in `state.uplink` and only clients that send (weight > 0) update theirs;
+    `bytes_up` counts the compressed payload."""
+    if make_grad_fn is not None and make_round_grad_fn is not None:
+        raise ValueError("give at most one of make_grad_fn and make_round_grad_fn")
     server_opt = server_optimizer_from(server_optimizer)
     client_optimizer_for_round(client_optimizer, jnp.int32(0))  # validate eagerly
 
     def init(params: Params, key: jax.Array) -> ServerState:
         del key
-        return ServerState(params=params, opt_state=server_opt.init(params), round=jnp.int32(0))
+        return ServerState(
+            params=params,
+            opt_state=server_opt.init(params),
+            round=jnp.int32(0),
+            uplink=uplink.init(params) if uplink is not None else None,
+        )
 
     def step(state: ServerState, data: FederatedData, key: jax.Array):
         idx, weights = cohort.sample(round_key(key, state.round, COHORT), data.counts)
@@ -92,9 +113,13 @@ def local_update_round(
         uniform_work = local.epochs is None and stragglers.fraction == 0.0
         optimizer = client_optimizer_for_round(client_optimizer, state.round)
         grad_fn = make_grad_fn(state.params) if make_grad_fn else None
+        if make_round_grad_fn is not None:
+            grad_fn = make_round_grad_fn(state.params, state.round)
         local_key = round_key(key, state.round, LOCAL)
+        uplink_key = round_key(key, state.round, UPLINK)
+        memory = _gather_memory(state.uplink, idx, data.num_clients)
 
-        def client_fn(cid, steps):
+        def client_fn(cid, steps, mem):
             result = local_train(
                 state.params,
                 data.client(cid),
@@ -107,10 +132,15 @@ def local_update_round(
                 sampling=local.sampling,
                 grad_fn=grad_fn,
             )
-            return (tree_sub(result.params, state.params), result.loss), result.steps
+            delta = tree_sub(result.params, state.params)
+            sent = delta
+            if uplink is not None:
+                sent, mem = uplink.apply(delta, mem, client_key(uplink_key, cid))
+            return (sent, result.loss, tree_sq_norm(delta)), (result.steps, mem)
 
-        out = map_cohort(client_fn, idx, weights, num_steps, client_map=client_map)
-        mean_delta, train_loss = out.mean
+        out = map_cohort(client_fn, idx, weights, num_steps, memory, client_map=client_map)
+        mean_delta, train_loss, mean_sq_norm = out.mean
+        local_steps, new_memory = out.outputs
         contributed = out.total_weight > 0
         params, opt_state = server_update(
             state.params, mean_delta, server_opt, state.opt_state, apply=contributed
@@ -120,14 +150,54 @@ def local_update_round(
             "train_loss": train_loss,
             "participants": participants,
             "stragglers": jnp.sum(is_straggler),
-            "local_steps": jnp.sum(jnp.where(weights > 0, out.outputs, 0))
+            "local_steps": jnp.sum(jnp.where(weights > 0, local_steps, 0))
             / jnp.maximum(participants, 1),
             "update_norm": tree_norm(mean_delta),
-            **payload_metrics(state.params, participants, jnp.int32(idx.shape[0])),
+            "consistency": consistency(mean_sq_norm, mean_delta),
+            **payload_metrics(
+                state.params,
+                participants,
+                cohort.downloads(idx, weights),
+                up_models=1.0 if uplink is None else _upload_models(uplink, state.params),
+            ),
         }
-        return ServerState(params=params, opt_state=opt_state, round=state.round + 1), metrics
+        memory = _scatter_memory(state.uplink, idx, weights > 0, new_memory)
+        if jax.tree.leaves(memory):  # RMS over clients of the memory norms ||e_i||
+            metrics["uplink_memory_rms"] = tree_norm(memory) / jnp.sqrt(data.num_clients)
+        new_state = ServerState(
+            params=params, opt_state=opt_state, round=state.round + 1, uplink=memory
+        )
+        return new_state, metrics
 
     return Algorithm(init, step)
+
+
+def _upload_models(uplink: Uplink, params: Params) -> float:
+    """Uplink payload in units of the full-precision model size."""
+    return uplink.payload_bytes(params) / tree_size_bytes(params)
+
+
+def _gather_memory(memory: Any, idx: jax.Array, num_clients: int) -> Any:
+    """Cohort rows `memory[idx]` of per-client memory `[C, ...]` (None stays None)."""
+    for leaf in jax.tree.leaves(memory):
+        if leaf.shape[0] != num_clients:
+            raise ValueError(
+                f"uplink memory has {leaf.shape[0]} clients but the data has {num_clients}; "
+                "build the uplink with num_clients=data.num_clients"
+            )
+    return jax.tree.map(lambda m: m[idx], memory)
+
+
+def _scatter_memory(memory: Any, idx: jax.Array, sent: jax.Array, new: Any) -> Any:
+    """Writes the new memory of cohort clients that sent (`sent [M]`) back into `[C, ...]`.
+    A cohort drawn with replacement (proportional sampling) may hold a client twice; one of
+    its two new memories is then kept."""
+
+    def write(m, n):
+        keep = sent.reshape(-1, *([1] * (n.ndim - 1)))
+        return m.at[idx].set(jnp.where(keep, n, m[idx]))
+
+    return jax.tree.map(write, memory, new)
 
 
 def fedavg(
@@ -139,6 +209,7 @@ def fedavg(
     cohort: CohortSpec = CohortSpec(),
     stragglers: Stragglers = Stragglers(policy="drop"),
     client_map: ClientMap = ClientMap(),
+    uplink: Uplink | None = None,
 ) -> Algorithm:
     """FedAvg with an optax client optimizer and an optax server optimizer.
 
@@ -150,6 +221,8 @@ def fedavg(
       local: local work per round. cohort: participation and weighting.
       stragglers: FedProx-style stragglers; FedAvg drops them (Li et al. 2020).
       client_map: how the cohort is mapped (vmap / lax.map).
+      uplink: optional upload transform, e.g. `ErrorFeedback(TopK(fraction=0.01), C)`
+        (EF-FedAvg) from `fedjax_sim.compression`.
     """
     return local_update_round(
         loss_fn,
@@ -159,6 +232,7 @@ def fedavg(
         cohort=cohort,
         stragglers=stragglers,
         client_map=client_map,
+        uplink=uplink,
     )
 
 

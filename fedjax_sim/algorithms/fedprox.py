@@ -22,6 +22,7 @@ from fedjax_sim.algorithms.core import (
     Stragglers,
 )
 from fedjax_sim.algorithms.fedavg import local_update_round
+from fedjax_sim.compression import Uplink
 from fedjax_sim.parallel import ClientMap
 
 
@@ -46,11 +47,13 @@ def fedprox(
     cohort: CohortSpec = CohortSpec(),
     stragglers: Stragglers = Stragglers(policy="partial"),
     client_map: ClientMap = ClientMap(),
+    uplink: Uplink | None = None,
 ) -> Algorithm:
     """FedProx with proximal coefficient `mu` (>= 0) and FedProx's straggler rule.
 
-    Args are those of `fedavg`; `stragglers=Stragglers(fraction=0.9)` reproduces the paper's
-    "90% stragglers" setting (partial work kept)."""
+    Args are those of `fedavg` (including `uplink`, e.g. error feedback);
+    `stragglers=Stragglers(fraction=0.9)` reproduces the paper's "90% stragglers" setting
+    (partial work kept)."""
     if mu < 0:
         raise ValueError(f"FedProx mu must be >= 0, got {mu}")
     return local_update_round(
@@ -62,4 +65,5 @@ def fedprox(
         stragglers=stragglers,
         client_map=client_map,
         make_grad_fn=lambda anchor: proximal_grad_fn(anchor, mu),
+        uplink=uplink,
     )

@@ -48,6 +48,7 @@ from fedjax_sim.data.synthetic import (
     QuadraticProblem,
     fedprox_synthetic,
     least_squares,
+    toy_quadratic,
 )
 from fedjax_sim.data.tfds_source import DataNotPrepared, load_tfds
 
@@ -93,6 +94,7 @@ __all__ = [
     "shards",
     "size_buckets",
     "split_clients",
+    "toy_quadratic",
     "tree_size_bytes",
     "unpack",
     "with_client_test",

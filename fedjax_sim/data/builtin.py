@@ -20,7 +20,7 @@ import numpy as np
 from fedjax_sim.data.dataset import Dataset, federate, split_clients
 from fedjax_sim.data.idx import FASHION_MNIST_DIR, load_fashion_mnist, read_fashion_mnist, read_idx
 from fedjax_sim.data.shakespeare import load_shakespeare
-from fedjax_sim.data.synthetic import fedprox_synthetic
+from fedjax_sim.data.synthetic import fedprox_synthetic, shifted_minority
 from fedjax_sim.data.tfds_source import load_tfds
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "load_digits",
     "load_fashion_mnist",
     "load_fedprox_synthetic",
+    "load_shifted_minority",
     "read_fashion_mnist",
     "read_idx",
     "split_clients",
@@ -95,6 +96,31 @@ def _tfds_entry(name: str, doc: str) -> Callable[..., Dataset]:
     return fn
 
 
+def load_shifted_minority(
+    num_clients: int = 10,
+    partitioner: str = "natural",
+    seed: int = 0,
+    *,
+    client_test_fraction: float = 0.2,
+    **kwargs: Any,
+) -> Dataset:
+    """`synthetic.shifted_minority` (one client per group, natural split; `partitioner` is
+    ignored), 20% of each client held out; the central test set pools those held-out rows."""
+    del partitioner
+    x, y, groups = shifted_minority(num_clients=num_clients, seed=seed, **kwargs)
+    return federate(
+        x,
+        y,
+        num_clients=num_clients,
+        partitioner="natural",
+        seed=seed,
+        client_test_fraction=client_test_fraction,
+        num_classes=int(kwargs.get("num_classes", 2)),
+        name="shifted_minority",
+        groups=groups,
+    )
+
+
 DATASETS: dict[str, Callable[..., Dataset]] = {
     "digits": load_digits,
     "fashion_mnist": load_fashion_mnist,
@@ -108,6 +134,7 @@ DATASETS: dict[str, Callable[..., Dataset]] = {
     "cifar100": _tfds_entry(
         "cifar100", "CIFAR-100 via tfds (array_record on disk, no TensorFlow)."
     ),
+    "shifted_minority": load_shifted_minority,
 }
 TFDS_PREFIX = "tfds:"
 """`load("tfds:<name>")` reads any prepared tfds catalogue dataset, e.g. `tfds:emnist/letters`."""

@@ -118,7 +118,12 @@ def federate_ids(
     """Packs examples already assigned to clients (`ids [N]`) into a `Dataset`.
 
     The central test set is `central_test` if given, else the union of the client test splits.
+    Examples with client id -1 (dropped by a partitioner, e.g. `imbalanced_dirichlet`) are
+    skipped.
     """
+    if (ids < 0).any():
+        kept = ids >= 0
+        x, y, ids = x[kept], y[kept], ids[kept]
     is_train = split_clients(
         ids, num_clients, client_test_fraction, seed, sequential=sequential_split
     )

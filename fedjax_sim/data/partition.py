@@ -41,13 +41,8 @@ def _split_evenly(order: np.ndarray, num_clients: int) -> np.ndarray:
 
 
 def iid(labels: np.ndarray, num_clients: int, seed: Seed = 0) -> np.ndarray:
-    """Uniformly random, equal-size (+-1) split (needs at least one example per client)."""
+    """Uniformly random, equal-size (+-1) split."""
     labels = _check(labels, num_clients)
-    if num_clients > labels.size:
-        raise ValueError(
-            f"iid: {num_clients} clients but only {labels.size} examples; an equal split "
-            f"cannot leave clients empty (use dirichlet or fewer clients)"
-        )
     return _split_evenly(_rng(seed).permutation(labels.size), num_clients)
 
 
@@ -172,3 +167,223 @@ def partition(
     if name not in PARTITIONERS:
         raise ValueError(f"unknown partitioner {name!r}; choose from {sorted(PARTITIONERS)}")
     return PARTITIONERS[name](labels, num_clients, seed, **kwargs)
+
+
+# ==============================================================================================
+# Beikmohammadi, Khirirat, Magnusson (IEEE Trans. Big Data 2024) partitions (issue 6; spec
+# ../shared/specs/stepsizes_no_similarity.md section 4): IID shards, Non-IID2, Non-IID1.
+# Each client is one class index, so these need num_clients == number of classes (10 in the
+# paper) except `iid_shards`. Apply the same partitioner to the train and the test labels to
+# get the paper's per-client test shards.
+# ==============================================================================================
+def _classes(labels: np.ndarray, num_clients: int, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """`(sorted classes, class index of each example)`; checks one client per class."""
+    classes, inverse = np.unique(labels, return_inverse=True)
+    if classes.size != num_clients:
+        raise ValueError(
+            f"{name} gives client i the examples of class i: it needs num_clients == number of "
+            f"classes ({classes.size}), got num_clients={num_clients}"
+        )
+    return classes, inverse
+
+
+def iid_shards(labels: np.ndarray, num_clients: int, seed: Seed = 0) -> np.ndarray:
+    """The paper's IID split: a random shuffle cut into `num_clients` contiguous equal shards
+    (6000 train / 1000 test each for 10 clients; sizes differ by at most 1 otherwise)."""
+    return iid(labels, num_clients, seed)
+
+
+def one_class(labels: np.ndarray, num_clients: int, seed: Seed = 0) -> np.ndarray:
+    """Non-IID1 ("extremely low similarity"): client i holds all examples of class i (the i-th
+    smallest label). Deterministic; `seed` is unused."""
+    labels = _check(labels, num_clients)
+    _, inverse = _classes(labels, num_clients, "one_class")
+    return inverse.astype(np.int32)
+
+
+def class_halves(
+    labels: np.ndarray, num_clients: int, seed: Seed = 0, *, pairing: str = "next"
+) -> np.ndarray:
+    """Non-IID2 ("low similarity"): each class is shuffled and cut into two halves (half 0
+    gets `floor(n_c / 2)` examples); `pairing="next"` (the authors' code, default) gives
+    client i half 0 of class i and half 1 of class (i + 1) mod C; `pairing="random"` (the
+    paper's wording, spec 7.6) deals the 2C chunks out at random, two per client, each chunk
+    used once (a client may then get both halves of one class)."""
+    labels = _check(labels, num_clients)
+    _, inverse = _classes(labels, num_clients, "class_halves")
+    if pairing not in ("next", "random"):
+        raise ValueError(f"class_halves pairing must be 'next' or 'random', got {pairing!r}")
+    rng = _rng(seed)
+    owner_of_chunk = (  # chunk 2c + h = half h of class c
+        np.stack([np.arange(num_clients), (np.arange(num_clients) - 1) % num_clients], 1)
+        .reshape(-1)
+        .astype(np.int32)
+    )
+    if pairing == "random":
+        owner_of_chunk = (rng.permutation(2 * num_clients) // 2).astype(np.int32)
+    ids = np.empty(labels.size, np.int32)
+    for c in range(num_clients):  # loop over classes, not clients
+        members = rng.permutation(np.flatnonzero(inverse == c))
+        half = members.size // 2
+        ids[members[:half]] = owner_of_chunk[2 * c]
+        ids[members[half:]] = owner_of_chunk[2 * c + 1]
+    return ids
+
+
+PARTITIONERS.update(
+    {"iid_shards": iid_shards, "one_class": one_class, "class_halves": class_halves}
+)
+
+
+# ------------------------------------------------------------------------------ group DRO (issue 7)
+# Partitioners for federated group DRO (spec ../shared/specs/fgdro.md, sections 4 and 7.13).
+
+
+def natural_groups(
+    labels: np.ndarray, num_clients: int, seed: Seed = 0, *, groups: np.ndarray
+) -> np.ndarray:
+    """Natural split as a registered partitioner ("natural"): one client per distinct value of
+    the group-id column `groups [N]` (domain, hospital, speaker, ...), clients numbered in
+    sorted group order. `num_clients` must equal the number of distinct groups."""
+    del seed
+    labels = _check(labels, num_clients)
+    groups = np.asarray(groups)
+    if groups.shape != labels.shape:
+        raise ValueError(
+            f"groups must have shape {labels.shape} (one id per example), got {groups.shape}"
+        )
+    ids, found = natural(groups)
+    if found != num_clients:
+        raise ValueError(
+            f"the group column has {found} distinct groups but num_clients={num_clients}"
+        )
+    return ids
+
+
+def imbalanced_dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    seed: Seed = 0,
+    *,
+    alpha: float = 0.3,
+    reduced_classes: tuple[int, ...] = (5, 6, 7, 8, 9),
+    keep_fraction: float = 0.2,
+) -> np.ndarray:
+    """Class-imbalanced Dirichlet split (FGDRO paper, App. G; Shen et al. 2021's protocol).
+
+    Keeps a random `keep_fraction` of the examples of each class in `reduced_classes` (the
+    paper: 5 classes reduced by 80%), drops the rest (client id -1; `pack`/`federate` skip
+    them), then splits the kept examples with `dirichlet(alpha)` over `num_clients`.
+    """
+    labels = _check(labels, num_clients)
+    if not 0.0 < keep_fraction <= 1.0:
+        raise ValueError(f"keep_fraction must be in (0, 1], got {keep_fraction}")
+    rng = _rng(seed)
+    keep = np.ones(labels.size, bool)
+    for c in reduced_classes:  # loop over (a few) classes
+        members = rng.permutation(np.flatnonzero(labels == c))
+        keep[members[int(round(keep_fraction * members.size)) :]] = False
+    ids = np.full(labels.size, -1, np.int32)
+    ids[keep] = dirichlet(labels[keep], num_clients, rng, alpha=alpha)
+    return ids
+
+
+PARTITIONERS["natural"] = natural_groups
+PARTITIONERS["imbalanced_dirichlet"] = imbalanced_dirichlet
+
+
+# ==============================================================================================
+# Hsu et al. (2019) class mix x log-normal client sizes, as used by the FedLPS paper
+# (Buttaci & Calafiore; spec ../shared/specs/fedlps_local_perturbation.md, section 4 and A7).
+# ==============================================================================================
+def lognormal_sizes(
+    num_examples: int, num_clients: int, sigma: float, seed: Seed = 0
+) -> np.ndarray:
+    """`[C]` client sizes summing to `num_examples`: `s_i = exp(ln(N/C) + sigma z_i)`,
+    `z_i ~ N(0, 1)`, rescaled to sum N (largest-remainder rounding). `sigma = 0`: equal (+-1)."""
+    if sigma < 0:
+        raise ValueError(f"data imbalance (log-normal sigma) must be >= 0, got {sigma}")
+    if num_clients < 1 or num_examples < 1:
+        raise ValueError(
+            f"need num_clients >= 1 and num_examples >= 1, got {num_clients}, {num_examples}"
+        )
+    z = _rng(seed).standard_normal(num_clients) if sigma > 0 else np.zeros(num_clients)
+    raw = np.exp(np.log(num_examples / num_clients) + sigma * z)
+    raw = raw / raw.sum() * num_examples
+    sizes = np.floor(raw).astype(np.int64)
+    sizes[np.argsort(sizes - raw, kind="stable")[: num_examples - sizes.sum()]] += 1
+    return sizes
+
+
+def _fit_marginals(demand: np.ndarray, rows: np.ndarray, cols: np.ndarray, iters: int):
+    """Iterative proportional fitting (Sinkhorn): rescale rows and columns of `demand`
+    `[C, K]` to sums `rows` and `cols` while keeping its cross-ratios (its class skew)."""
+    m = demand.copy()
+    for _ in range(iters):  # loop over fitting iterations, not clients
+        rs = m.sum(axis=1)
+        m *= np.where(rs > 0, rows / np.where(rs > 0, rs, 1.0), 0.0)[:, None]
+        cs = m.sum(axis=0)
+        m *= np.where(cs > 0, cols / np.where(cs > 0, cs, 1.0), 0.0)[None, :]
+        if np.abs(m.sum(axis=1) - rows).max() <= 1e-9 * max(rows.max(), 1):
+            break
+    return m
+
+
+def _round_columns(m: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """Integer matrix with column sums `cols`: floor, then +1 on the largest remainders."""
+    base = np.floor(m).astype(np.int64)
+    deficit = cols - base.sum(axis=0)  # [K]
+    order = np.argsort(-(m - base), axis=0, kind="stable")  # [C, K] largest remainder first
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(m.shape[0])[:, None], axis=0)
+    return base + (rank < deficit[None, :])
+
+
+def hsu(
+    labels: np.ndarray,
+    num_clients: int,
+    seed: Seed = 0,
+    *,
+    class_imbalance: float = 0.0,
+    data_imbalance: float = 0.0,
+    fit_iterations: int = 2000,
+) -> np.ndarray:
+    """FedLPS' partition after Hsu et al. (2019): class mix `q_i ~ Dir((1/a) 1_K)` and size
+    `N_i ~ exp(ln(N/C) + b z)` per client; client i gets about `N_i q_ik` examples of class k.
+
+    Args:
+      class_imbalance: `a >= 0`; `a = 0` is the exact balanced mix (every client gets the
+        class frequencies of the data, i.e. the same number of each class when they divide).
+      data_imbalance: `b >= 0`, log-normal sigma of the sizes (`lognormal_sizes`).
+      fit_iterations: iterations of the marginal fitting below.
+
+    The demands `N_i q_ik` generally exceed what some classes hold. They are rescaled by
+    iterative proportional fitting to row sums `N_i` and class totals `n_k` (every example is
+    assigned once; the leftover is spread while the cross-ratios of the demand, i.e. the
+    requested class skew, are kept), then rounded per class (largest remainder). Client sizes
+    end within about K/2 of `N_i`. Vectorised except a loop over classes.
+    """
+    labels = _check(labels, num_clients)
+    if class_imbalance < 0:
+        raise ValueError(f"class imbalance a must be >= 0, got {class_imbalance}")
+    rng = _rng(seed)
+    classes, inverse = np.unique(labels, return_inverse=True)
+    per_class = np.bincount(inverse).astype(np.float64)  # [K]
+    sizes = lognormal_sizes(labels.size, num_clients, data_imbalance, rng).astype(np.float64)
+    if class_imbalance == 0:
+        mix = np.broadcast_to(per_class / per_class.sum(), (num_clients, classes.size))
+    else:
+        mix = sample_dirichlet(rng, 1.0 / class_imbalance, (num_clients, classes.size))
+    demand = sizes[:, None] * np.maximum(mix, 1e-12)  # strictly positive: always fittable
+    counts = _round_columns(
+        _fit_marginals(demand, sizes, per_class, fit_iterations), per_class.astype(np.int64)
+    )  # [C, K]
+    ids = np.empty(labels.size, np.int32)
+    owners = np.arange(num_clients, dtype=np.int32)
+    for c in range(classes.size):  # loop over classes, not clients
+        members = rng.permutation(np.flatnonzero(inverse == c))
+        ids[members] = np.repeat(owners, counts[:, c])
+    return ids
+
+
+PARTITIONERS["hsu"] = hsu

@@ -162,3 +162,69 @@ def least_squares(
     hess = np.einsum("cnd,cne->cde", a64, a64) / n[:, None, None]
     lin = np.einsum("cnd,cn->cd", a64, b64) / n[:, None]
     return QuadraticProblem(data=data, hessians=hess, linear=lin)
+
+
+def toy_quadratic(num_clients: int = 50, *, scale: float = 1.0) -> QuadraticProblem:
+    """The AREA paper's toy problem (Appendix A.2.1): f_i(x) = (1/2)(c i x - 1)^2, x in R,
+    i = 1..n, with c = `scale`.
+
+    The paper prints c = 100, which makes every step size of its grid [1e-6, 1e-3] unstable;
+    spec `area_async.md` 7.1 resolves it as c = 1 (equivalent to c = 100 with alpha / 1e4).
+    Client i holds one example (feature c i, target 1); pair it with
+    `linear_regression(1)` and full-batch local steps. With uniform weights the optimum is
+    x* = sum_i c i / sum_i (c i)^2 (1275 / 42925 for c = 1, n = 50).
+    """
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    if not scale > 0:
+        raise ValueError(f"scale c must be > 0, got {scale}")
+    a = scale * np.arange(1, num_clients + 1, dtype=np.float64)
+    ids = np.arange(num_clients)
+    data = pack(a[:, None].astype(np.float32), np.ones(num_clients, np.float32), ids, num_clients)
+    a32 = np.asarray(data.x, np.float64)[:, 0, 0]  # the values actually used
+    return QuadraticProblem(data=data, hessians=(a32**2)[:, None, None], linear=a32[:, None])
+
+
+# ------------------------------------------------------------------------------ group DRO (issue 7)
+def shifted_minority(
+    *,
+    num_clients: int = 10,
+    num_minority: int = 1,
+    examples_per_client: int = 200,
+    dim: int = 10,
+    num_classes: int = 2,
+    shift: float = 2.0,
+    angle: float = 90.0,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A heterogeneous classification problem with a shifted minority (group DRO's test bed).
+
+    Majority clients: `x ~ N(0, I_dim)`, `y = argmax(x W)` with a shared `W [dim, classes]`.
+    The last `num_minority` clients: `x ~ N(shift * e_1, I)` and a rule rotated by `angle`
+    degrees, `y = argmax((x - shift e_1) W')` with `W' = cos(a) W + sin(a) W_perp`
+    (`W_perp` orthogonal to W). No single linear model fits both, so ERM (FedAvg) serves the
+    majority and leaves the minority with a high loss.
+
+    Returns `(x [N, dim] float32, y [N] int32, groups [N] int32 = client id)`; federate it with
+    `federate(x, y, num_clients=..., partitioner="natural", groups=groups)`.
+    """
+    if not 0 <= num_minority < num_clients:
+        raise ValueError(f"num_minority must be in [0, {num_clients}), got {num_minority}")
+    if examples_per_client < 1:
+        raise ValueError(f"examples_per_client must be >= 1, got {examples_per_client}")
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=(dim, num_classes))
+    w_perp = rng.normal(size=(dim, num_classes))
+    w_perp -= w * (np.sum(w * w_perp) / np.sum(w * w))  # orthogonal in Frobenius product
+    w_perp *= np.linalg.norm(w) / np.linalg.norm(w_perp)
+    a = np.deg2rad(angle)
+    w_min = np.cos(a) * w + np.sin(a) * w_perp
+    groups = np.repeat(np.arange(num_clients, dtype=np.int32), examples_per_client)
+    minority = groups >= num_clients - num_minority
+    center = np.zeros(dim)
+    center[0] = shift
+    z = rng.normal(size=(groups.size, dim))
+    x = z + np.where(minority[:, None], center, 0.0)
+    logits = np.where(minority[:, None], z @ w_min, z @ w)
+    y = np.argmax(logits, axis=1).astype(np.int32)
+    return x.astype(np.float32), y, groups

@@ -3,6 +3,7 @@
 from collections.abc import Callable
 
 from fedjax_sim.models.base import Model, l2_norm_sq, masked_mean
+from fedjax_sim.models.lenet import lenet
 from fedjax_sim.models.nets import cnn, count_params, linear_regression, logistic_regression, mlp
 from fedjax_sim.models.rnn import char_gru, char_lstm, char_rnn
 
@@ -12,6 +13,7 @@ MODELS: dict[str, Callable[..., Model]] = {
     "cnn": cnn,
     "lstm": char_lstm,
     "gru": char_gru,
+    "lenet": lenet,
 }
 
 
@@ -32,6 +34,7 @@ __all__ = [
     "cnn",
     "count_params",
     "l2_norm_sq",
+    "lenet",
     "linear_regression",
     "logistic_regression",
     "masked_mean",

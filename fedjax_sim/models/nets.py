@@ -38,17 +38,46 @@ class _MLP(nn.Module):
         return nn.Dense(self.num_outputs)(x)
 
 
+class _SliceConv(nn.Module):
+    """SAME, stride-1 convolution as one matmul over stacked shifted slices (im2col by
+    slicing). Same parameters (`kernel [k, k, C, F]`, `bias [F]`) and outputs as `nn.Conv`,
+    but fast inside loops on XLA:CPU, where `lax.conv` in a while-loop body (every local step
+    under `lax.scan`) runs ~7x slower than outside (jax-ml/jax#12868)."""
+
+    features: int
+    kernel_size: int
+
+    @nn.compact
+    def __call__(self, x):
+        k, c = self.kernel_size, x.shape[-1]
+        kernel = self.param("kernel", nn.initializers.lecun_normal(), (k, k, c, self.features))
+        bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
+        h, w = x.shape[1:3]
+        lo, hi = (k - 1) // 2, k // 2
+        xp = jnp.pad(x, ((0, 0), (lo, hi), (lo, hi), (0, 0)))
+        patches = jnp.concatenate(
+            [xp[:, i : i + h, j : j + w] for i in range(k) for j in range(k)], axis=-1
+        )  # [B, H, W, k*k*C], (i, j, c) order = kernel.reshape
+        return patches @ kernel.reshape(k * k * c, self.features) + bias
+
+
 class _CNN(nn.Module):
     image_shape: tuple[int, ...]
     channels: tuple[int, ...]
     dense: int
     num_outputs: int
+    kernel_size: int = 3
+    conv: str = "lax"
 
     @nn.compact
     def __call__(self, x):
         x = x.reshape((x.shape[0], *self.image_shape))
-        for ch in self.channels:
-            x = nn.relu(nn.Conv(ch, (3, 3), padding="SAME")(x))
+        k = self.kernel_size
+        for layer, ch in enumerate(self.channels):
+            if self.conv == "slices":  # named like nn.Conv: parameters are interchangeable
+                x = nn.relu(_SliceConv(ch, k, name=f"Conv_{layer}")(x))
+            else:
+                x = nn.relu(nn.Conv(ch, (k, k), padding="SAME")(x))
             if min(x.shape[1:3]) >= 2:
                 x = nn.max_pool(x, (2, 2), strides=(2, 2))
         x = x.reshape((x.shape[0], -1))
@@ -89,12 +118,20 @@ def cnn(
     *,
     channels: Sequence[int] = (32, 64),
     dense: int = 128,
+    kernel_size: int = 3,
+    conv: str = "lax",
     l2: float = 0.0,
 ) -> Model:
-    """Small CNN: [3x3 conv + ReLU + 2x2 max-pool] per channel count, dense, output.
+    """Small CNN: [kxk conv + ReLU + 2x2 max-pool] per channel count, dense, output
+    (`kernel_size=5, channels=(32, 64), dense=512` is the classic two-layer CIFAR/FEMNIST CNN).
 
-    Flat inputs (e.g. digits' 64 features) are viewed as square single-channel images."""
-    module = _CNN(_image_shape(input_shape), tuple(channels), dense, num_classes)
+    `conv="slices"` computes each convolution as one matmul over shifted slices (same
+    parameters and outputs as the default `lax.conv`): several times faster for local training
+    on CPU, where convolutions inside `lax.scan` are slow. Flat inputs (e.g. digits' 64
+    features) are viewed as square single-channel images."""
+    if conv not in ("lax", "slices"):
+        raise ValueError(f"conv must be 'lax' or 'slices', got {conv!r}")
+    module = _CNN(_image_shape(input_shape), tuple(channels), dense, num_classes, kernel_size, conv)
     return _from_module(module, input_shape, "cnn", l2=l2)
 
 

@@ -236,6 +236,13 @@ def test_local_train_float32_params_under_x64(x64):
     problem = least_squares(num_clients=1, examples_per_client=4, dim=2)
     model = linear_regression(2)
     params = {"w": jnp.zeros(2, jnp.float32)}
-    res = local_train(params, problem.data.client(0), jax.random.key(0), loss_fn=model.loss,
-                      optimizer=optax.sgd(0.1), max_steps=2, batch_size=2)
+    res = local_train(
+        params,
+        problem.data.client(0),
+        jax.random.key(0),
+        loss_fn=model.loss,
+        optimizer=optax.sgd(0.1),
+        max_steps=2,
+        batch_size=2,
+    )
     assert np.isfinite(float(res.loss))

@@ -1,0 +1,233 @@
+"""AREA vs S-FedAvg, AS-FedAvg, FedBuff and MIFA: multinomial logistic regression (Fig. 1/2).
+
+Setup (spec `../shared/specs/area_async.md` 4.1, reduced for CPU): Fashion-MNIST (the
+paper uses MNIST, which no offline package ships) subsampled to `--train` examples, pixels in
+[0, 1], 784 features + bias, softmax cross-entropy + nu/2 ||w||^2 with nu = 1e-3, zero
+initial model; n = 128 clients with Dirichlet(0.1) label skew (per class, proportions over
+clients); spec 7.2's weighting f_i = (s_i/S) fhat_i (gradients scaled by s_i/S, uniform 1/n
+server averaging, so sum_i f_i is the example-weighted objective); K local SGD steps with
+minibatch b = 32; client clocks lambda_i = 10 (uniform) or N(10, 5) clipped at 0.1
+(non-uniform), simulated exactly in continuous time (categorical mode); Delta = 4 for all
+methods (S-FedAvg samples 4 clients per round and waits for the slowest). Each method's step
+size is chosen from the grid by the smallest mean time-averaged log10 normalised loss.
+
+Metric: (f(x_s(t)) - f*) / (f(0) - f*) on all training data (f* from L-BFGS on the pooled
+objective) and the test accuracy of x_s(t) on the 10k test set, against simulated time.
+
+    nice -n 10 python experiments/area_logistic.py --out experiments/results/area
+    nice -n 10 python experiments/area_logistic.py --local-steps 50 --grid 0.01 0.1 1 \
+        --seeds 1 --horizon 5 --out experiments/results/area
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import scipy.optimize
+from jax.flatten_util import ravel_pytree
+
+from fedjax_sim.algorithms import (
+    area,
+    as_fedavg,
+    fedbuff,
+    mifa,
+    s_fedavg,
+    sample_size_scale,
+)
+from fedjax_sim.algorithms.core import LocalSpec
+from fedjax_sim.data import pack
+from fedjax_sim.data.builtin import read_fashion_mnist
+from fedjax_sim.data.partition import partition
+from fedjax_sim.events import Aggregation, Arrivals, Events, normal_rates
+from fedjax_sim.models import logistic_regression
+
+METHODS = ("AREA", "S-FedAvg", "AS-FedAvg", "FedBuff", "MIFA")
+NU = 1e-3
+
+
+def load(num_train: int, num_clients: int, seed: int):
+    x, y, x_test, y_test = read_fashion_mnist()
+    rng = np.random.default_rng(seed)
+    idx = np.sort(rng.choice(x.shape[0], num_train, replace=False))
+    x, y = x[idx].reshape(num_train, -1), y[idx]
+    ids = partition("dirichlet", y, num_clients, seed, alpha=0.1)
+    data = pack(x, y, ids, num_clients, num_classes=10)
+    return data, (x, y), (x_test.reshape(x_test.shape[0], -1), y_test)
+
+
+def objective_fn(model, x, y):
+    """f(w) = mean_j CE_j + nu/2 ||w||^2 on the pooled training data (= sum_i (s_i/S) fhat_i)."""
+    x, y = jnp.asarray(x), jnp.asarray(y)
+
+    def f(params):
+        logits = model.apply(params, x)
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+        return ce + 0.5 * NU * sum(jnp.sum(p**2) for p in jax.tree.leaves(params))
+
+    return f
+
+
+def optimum(f, params0):
+    """f* by L-BFGS in float64 on the flattened parameters."""
+    flat, unravel = ravel_pytree(params0)
+    with jax.enable_x64(True):
+        fg = jax.jit(
+            jax.value_and_grad(
+                lambda v: f(jax.tree.map(lambda a: a.astype(jnp.float64), unravel(v)))
+            )
+        )
+        res = scipy.optimize.minimize(
+            lambda v: tuple(np.asarray(a, np.float64) for a in fg(jnp.asarray(v))),
+            np.zeros(flat.size),
+            jac=True,
+            method="L-BFGS-B",
+            options={"maxiter": 1000, "gtol": 1e-8},
+        )
+    return float(res.fun)
+
+
+def build(method, model, events, alpha, local, scale):
+    kw = dict(events=events, client_optimizer=optax.sgd(alpha), local=local, client_scale=scale)
+    if method == "S-FedAvg":
+        return s_fedavg(model.loss, cohort_size=4, **kw)
+    factory = {"AREA": area, "AS-FedAvg": as_fedavg, "FedBuff": fedbuff, "MIFA": mifa}[method]
+    return factory(model.loss, **kw)
+
+
+def simulate_method(method, model, rates, alphas, seeds, data, pooled, test, local, steps, evals):
+    """Normalised-loss inputs: f(x_s), test accuracy and time at `evals` points, `[A, S, E]`."""
+    events = Events(Arrivals.categorical(rates), Aggregation.every(4))
+    scale = sample_size_scale(np.asarray(data.counts))
+    f = objective_fn(model, *pooled)
+    xt, yt = jnp.asarray(test[0]), jnp.asarray(test[1])
+    params0 = jax.tree.map(jnp.zeros_like, model.init(jax.random.key(0)))
+    every = -(-steps // evals)  # evals * every >= steps
+
+    def one(alpha, seed):
+        key = jax.random.key(seed)
+        alg = build(method, model, events, alpha, local, scale)
+        state = alg.init(params0, key)
+
+        def chunk(s, _):
+            s, m = jax.lax.scan(lambda s, _: alg.step(s, data, key), s, None, length=every)
+            acc = jnp.mean(jnp.argmax(model.apply(s.params, xt), -1) == yt)
+            return s, (f(s.params), acc, m["t"][-1])
+
+        _, out = jax.lax.scan(chunk, state, None, length=evals)
+        return out
+
+    run = jax.jit(jax.vmap(jax.vmap(one, (None, 0)), (0, None)))
+    return jax.device_get(run(jnp.asarray(alphas), jnp.asarray(seeds)))
+
+
+def expected_max_time(rates, size):
+    """E[max of `size` Exp(lambda_i)] averaged over uniform cohorts (Monte Carlo)."""
+    rng = np.random.default_rng(0)
+    draws = [rng.exponential(1 / rng.choice(rates, size, replace=False)).max() for _ in range(4000)]
+    return float(np.mean(draws))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--clients", type=int, default=128)
+    ap.add_argument("--train", type=int, default=12000, help="training examples used")
+    ap.add_argument("--local-steps", type=int, default=1)
+    ap.add_argument("--grid", type=float, nargs="+", default=[1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3])
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--horizon", type=float, default=10.0, help="simulated time")
+    ap.add_argument("--evals", type=int, default=40)
+    ap.add_argument("--out", default="experiments/results/area")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    data, pooled, test = load(args.train, args.clients, seed=0)
+    model = logistic_regression((784,), 10, l2=NU)
+    params0 = jax.tree.map(jnp.zeros_like, model.init(jax.random.key(0)))
+    f = objective_fn(model, *pooled)
+    f_star, f_0 = optimum(f, params0), float(f(params0))
+    print(f"data: {data.summary()}, f(0)={f_0:.4f}, f*={f_star:.4f} ({time.time() - t0:.0f}s)")
+    local = LocalSpec(steps=args.local_steps, batch_size=32)
+    seeds = np.arange(args.seeds)
+    settings = {
+        "uniform": np.full(args.clients, 10.0),
+        "non-uniform": normal_rates(args.clients, 10.0, 5.0, minimum=0.1, seed=1),
+    }
+    tag = f"K{args.local_steps}"
+    summary = {"f_star": f_star, "f_0": f_0, "grid": args.grid, "args": vars(args), "runs": {}}
+    curves = {}
+    for setting, rates in settings.items():
+        async_steps = int(args.horizon * rates.sum())
+        sync_steps = int(1.2 * args.horizon / expected_max_time(rates, 4))
+        for m in METHODS:
+            steps = sync_steps if m == "S-FedAvg" else async_steps
+            loss, acc, t = simulate_method(
+                m, model, rates, args.grid, seeds, data, pooled, test, local, steps, args.evals
+            )
+            err = (loss - f_star) / (f_0 - f_star)  # [A, S, E]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                logs = np.log10(np.where(np.isfinite(err) & (err > 0), err, np.inf))
+            score = np.where(np.isfinite(logs).all(2), logs.mean(2), np.inf).mean(1)
+            a = int(np.argmin(score))
+            curves[(setting, m)] = (t[a], err[a], acc[a], args.grid[a])
+            summary["runs"][f"{setting}/{m}"] = {
+                "best_alpha": args.grid[a],
+                "score_per_alpha": [float(s) for s in score],
+                "final_normalised_loss": float(np.median(err[a][:, -1])),
+                "final_test_accuracy": float(np.mean(acc[a][:, -1])),
+                "best_test_accuracy": float(np.mean(acc[a].max(1))),
+                "time_reached": float(t[a][:, -1].min()),
+            }
+            print(
+                f"{setting:11s} {m:9s} alpha={args.grid[a]:g} "
+                f"loss={summary['runs'][f'{setting}/{m}']['final_normalised_loss']:.4f} "
+                f"acc={summary['runs'][f'{setting}/{m}']['final_test_accuracy']:.4f} "
+                f"({time.time() - t0:.0f}s)",
+                flush=True,
+            )
+    summary["seconds"] = time.time() - t0
+    with open(os.path.join(args.out, f"logistic_{tag}.json"), "w") as fh:
+        json.dump(summary, fh, indent=1)
+    plot(curves, args, os.path.join(args.out, f"logistic_{tag}.png"))
+
+
+def plot(curves, args, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    for row, setting in enumerate(("uniform", "non-uniform")):
+        grid = np.linspace(0, args.horizon, 200)
+        for m in METHODS:
+            t, err, acc, alpha = curves[(setting, m)]
+            for col, values in enumerate((err, acc)):
+                v = np.array(
+                    [np.interp(grid, ti, vi, left=np.nan) for ti, vi in zip(t, values, strict=True)]
+                )
+                ax = axes[row, col]
+                draw = ax.semilogy if col == 0 else ax.plot
+                (line,) = draw(grid, v.mean(0), label=f"{m} ({alpha:g})")
+                ax.fill_between(grid, v.min(0), v.max(0), color=line.get_color(), alpha=0.15)
+        axes[row, 0].set_ylabel(f"{setting}: (f - f*) / (f(0) - f*)")
+        axes[row, 1].set_ylabel(f"{setting}: test accuracy")
+        axes[row, 1].legend(fontsize=7)
+    for ax in axes[1]:
+        ax.set_xlabel("simulated time")
+    fig.suptitle(
+        f"Logistic regression, Fashion-MNIST ({args.train} ex.), n={args.clients}, "
+        f"Dirichlet(0.1), K={args.local_steps}, Delta=4, {args.seeds} seed(s)"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()

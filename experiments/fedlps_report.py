@@ -1,0 +1,123 @@
+"""Table and curves from the JSON files of fedlps_table1.py (and fedlps_graph.py).
+
+    python experiments/fedlps_report.py
+
+prints the markdown table of experiments/README.md (final pooled accuracy on the unseen test
+clients / rounds to the target accuracy (speed-up vs FedAvg)) and writes
+experiments/results/fedlps/curves_<dataset>.png.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from fedjax_sim.convergence import rounds_to_target, speedup  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(__file__), "results", "fedlps")
+
+
+def load() -> dict:
+    out = {}
+    for path in sorted(glob.glob(os.path.join(RESULTS, "*_*.json"))):
+        name = os.path.basename(path)[:-5]
+        if name.startswith("graph"):
+            continue
+        with open(path) as f:
+            out[name] = json.load(f)
+    return out
+
+
+def cell(run: dict, ref: dict, target: float) -> str:
+    r = rounds_to_target(run["rounds"], run["accuracy"], target)
+    r_ref = rounds_to_target(ref["rounds"], ref["accuracy"], target)
+    s = speedup(r_ref, r)
+    rounds = "-" if r is None else str(r)
+    sp = "" if s is None else f" ({s:.1f}x)"
+    return f"{100 * run['final_accuracy']:.2f} / {rounds}{sp}"
+
+
+def table(results: dict) -> str:
+    lines = []
+    for name, res in results.items():
+        cfg = res["config"]
+        settings = list(res["settings"])
+        lines.append(
+            f"\n**{cfg['dataset']}, {cfg['model']}** (C={cfg['clients']}, E={cfg['epochs']}, "
+            f"B={cfg['batch']}, gamma={cfg['lr']:g}, T={cfg['rounds']}, target "
+            f"c={cfg['target']:g}, imbalanced a={cfg['a']:g}, b=1, graph from "
+            f"{cfg.get('graph_features', 'standardised')} features)\n"
+        )
+        lines.append("| Algo | " + " | ".join(settings) + " |")
+        lines.append("|---" * (len(settings) + 1) + "|")
+        algos = list(res["settings"][settings[0]]["runs"])
+        for algo in algos:
+            cells = []
+            for s in settings:
+                runs = res["settings"][s]["runs"]
+                cells.append(cell(runs[algo], runs["FedAvg"], cfg["target"]))
+            lines.append(f"| {algo} | " + " | ".join(cells) + " |")
+        del name
+    return "\n".join(lines)
+
+
+def curves(results: dict) -> list[str]:
+    paths = []
+    datasets = sorted({r["config"]["dataset"] for r in results.values()})
+    for ds in datasets:
+        items = [r for r in results.values() if r["config"]["dataset"] == ds]
+        ncols = max(len(r["settings"]) for r in items)
+        fig, axes = plt.subplots(len(items), ncols, figsize=(4.2 * ncols, 3.0 * len(items)))
+        axes = [[axes]] if len(items) * ncols == 1 else axes
+        axes = [axes] if len(items) == 1 else axes
+        for row, res in zip(axes, items, strict=True):
+            for ax, (setting, rec) in zip(row, res["settings"].items(), strict=False):
+                for algo, run in rec["runs"].items():
+                    ax.plot(run["rounds"][1:], run["accuracy"][1:], label=algo, lw=1)
+                ax.axhline(res["config"]["target"], color="gray", ls=":", lw=0.8)
+                finals = [run["final_accuracy"] for run in rec["runs"].values()]
+                ax.set_ylim(max(0.0, min(finals) - 0.15), min(1.0, max(finals) + 0.02))
+                raw = " (graph: raw pixels)" if res["config"].get("graph_features") == "raw" else ""
+                ax.set_title(f"{res['config']['model']}, {setting}{raw}", fontsize=9)
+                ax.set_xlabel("round", fontsize=8)
+                ax.set_ylabel("pooled test acc (unseen)", fontsize=8)
+                ax.tick_params(labelsize=7)
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle(f"FedLPS vs FedAvg, {ds}", fontsize=10)
+        fig.tight_layout()
+        path = os.path.join(RESULTS, f"curves_{ds}.png")
+        fig.savefig(path, dpi=80)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def main() -> None:
+    results = load()
+    print(table(results))
+    for path in curves(results):
+        print(f"wrote {path}")
+    graph_path = os.path.join(RESULTS, "graph_analysis.json")
+    if os.path.exists(graph_path):
+        with open(graph_path) as f:
+            rows = json.load(f)
+        print(
+            "\n| dataset | features | a | b | median mis | pairs m_i.m_n<0 | Laplacian l2 / l_max |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for r in rows:
+            feats = "standardised" if r["standardised"] else "raw [0,1]"
+            print(
+                f"| {r['dataset']} | {feats} | {r['a']:g} | {r['b']:g} | {r['mis_median']:.3f} | "
+                f"{r['opposite_fraction']:.2f} | {r['lap_l2']:.3g} / {r['lap_max']:.3g} |"
+            )
+
+
+if __name__ == "__main__":
+    main()

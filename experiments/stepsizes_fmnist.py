@@ -1,0 +1,167 @@
+"""Beikmohammadi et al. (2024) on Fashion-MNIST, scaled to CPU: step-size schedules x
+{FedAvg, FedProx, EF-FedAvg, EF-FedProx} x {IID, Non-IID2, Non-IID1}.
+
+Spec: ../shared/specs/stepsizes_no_similarity.md (sections 4-5). Paper setting: 10 clients,
+the 431,080-parameter CNN, K = 400 rounds, T = 30 local SGD steps of lr s_k (not / T) on
+batches of 64; FedProx: one prox per round, 30 inner GD steps on one batch, inner lr
+min(0.1, s_k), mu = 1/s_k; EF: top-1% of the model delta with error feedback; schedules
+fixed s = 0.1, diminishing 0.8/(k+1)^0.51, step-decay 0.8/2^floor(k/50). Here (defaults):
+K = 24 rounds, T = J = 10, batch 16, step-decay phase P = K/8 = 3 (8 phases like the paper's
+400/50), fixed s = 0.1 (the paper's value, i.e. c = 0.1 sqrt(K)), 1 seed; training loss and
+test accuracy are evaluated every 6 rounds on the first 200 training / test examples of each
+client (the paper uses every example). No random horizontal flip augmentation.
+
+Usage (one schedule per invocation keeps each run short; `nice` on a shared machine):
+    PYTHONPATH=. nice -n 10 python experiments/stepsizes_fmnist.py --schedule fixed
+    PYTHONPATH=. python experiments/stepsizes_report.py   # curves + markdown table
+Writes experiments/results/stepsizes/<schedule>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import jax
+import numpy as np
+
+from fedjax_sim import schedules
+from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
+from fedjax_sim.algorithms.fixed_point import ef_fedavg, ef_fedprox, fp_fedavg, fp_fedprox
+from fedjax_sim.compression import TopK
+from fedjax_sim.data import pack
+from fedjax_sim.data.builtin import read_fashion_mnist
+from fedjax_sim.data.federated import with_client_test
+from fedjax_sim.data.partition import PARTITIONERS
+from fedjax_sim.models import count_params, lenet
+from fedjax_sim.parallel import ClientMap
+from fedjax_sim.simulate import evaluate_clients
+
+PARTITIONS = {"IID": "iid_shards", "Non-IID2": "class_halves", "Non-IID1": "one_class"}
+ALGORITHMS = ("FedAvg", "FedProx", "EF-FedAvg", "EF-FedProx")
+NUM_CLIENTS = 10
+
+
+def make_schedule(name: str, rounds: int):
+    if name == "fixed":
+        return schedules.fixed(0.1 * rounds**0.5, rounds)  # s = 0.1 as in the paper
+    if name == "diminishing":
+        return schedules.diminishing(0.8, 0.51)
+    if name == "step_decay":
+        return schedules.step_decay(0.8, 2.0, max(1, rounds // 8))
+    raise ValueError(f"unknown schedule {name!r}")
+
+
+def make_algorithm(name, loss, schedule, args, client_map):
+    common = dict(step_size=schedule, cohort=CohortSpec(weighting="counts"), client_map=client_map)
+    local = LocalSpec(steps=args.local_steps, batch_size=args.batch_size)
+    prox = dict(
+        inner_steps=args.inner_steps or args.local_steps,
+        inner_lr=args.inner_lr,
+        batch_size=args.batch_size,
+        cap_inner_lr=not args.no_cap,
+    )
+    ef = dict(num_clients=NUM_CLIENTS, compressor=TopK(fraction=0.01))
+    if name == "FedAvg":
+        return fp_fedavg(loss, local=local, divide_by_T=False, **common)
+    if name == "FedProx":
+        return fp_fedprox(loss, **prox, **common)
+    if name == "EF-FedAvg":
+        return ef_fedavg(loss, local=local, divide_by_T=False, **ef, **common)
+    return ef_fedprox(loss, **prox, **ef, **common)
+
+
+def first_per_client(x, y, ids, n):
+    """Keeps the first n examples of every client (evaluation subsample)."""
+    order = np.argsort(ids, kind="stable")
+    rank = np.empty(ids.size, np.int64)
+    starts = np.searchsorted(ids[order], np.arange(NUM_CLIENTS))
+    rank[order] = np.arange(ids.size) - starts[ids[order]]
+    keep = rank < n
+    return pack(x[keep], y[keep], ids[keep], NUM_CLIENTS, num_classes=10)
+
+
+def federated(partition: str, seed: int, eval_n: int):
+    x, y, xt, yt = read_fashion_mnist()
+    part = PARTITIONERS[partition]
+    ids, ids_t = part(y, NUM_CLIENTS, seed), part(yt, NUM_CLIENTS, seed + 1)
+    train = with_client_test(
+        pack(x, y, ids, NUM_CLIENTS, num_classes=10), pack(xt, yt, ids_t, NUM_CLIENTS)
+    )
+    evaluation = with_client_test(
+        first_per_client(x, y, ids, eval_n), first_per_client(xt, yt, ids_t, eval_n)
+    )
+    return train, evaluation
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--schedule", default="fixed", choices=["fixed", "diminishing", "step_decay"])
+    ap.add_argument("--rounds", type=int, default=24)
+    ap.add_argument("--local-steps", type=int, default=10)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--eval-every", type=int, default=6)
+    ap.add_argument("--eval-per-client", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--algorithms", nargs="*", default=list(ALGORITHMS))
+    ap.add_argument("--inner-lr", type=float, default=0.1, help="FedProx inner GD lr")
+    ap.add_argument("--inner-steps", type=int, default=None, help="J (default: local steps)")
+    ap.add_argument("--no-cap", action="store_true", help="inner lr not capped at s_k")
+    ap.add_argument("--tag", default="", help="suffix of the output file name")
+    ap.add_argument("--out", default="experiments/results/stepsizes")
+    args = ap.parse_args()
+
+    model = lenet((28, 28, 1), 10)
+    assert count_params(model.init(jax.random.key(0))) == 431_080
+    schedule = make_schedule(args.schedule, args.rounds)
+    client_map = ClientMap("map", batch_size=1)
+    data = {name: federated(p, args.seed, args.eval_per_client) for name, p in PARTITIONS.items()}
+
+    def evaluate(params, ev):
+        tr = evaluate_clients(model, params, ev.x, ev.y, ev.counts, client_map, "train")
+        te = evaluate_clients(model, params, ev.x_test, ev.y_test, ev.test_counts, client_map)
+        return tr["train_loss_pooled"], te["client_accuracy_mean"]
+
+    evaluate = jax.jit(evaluate)
+    results = {
+        "config": {
+            **vars(args),
+            "schedule_values": [float(s) for s in schedules.values(schedule, args.rounds)],
+        },
+        "runs": {},
+    }
+    key = jax.random.key(args.seed)
+    params0 = model.init(jax.random.fold_in(key, 7))
+    for alg_name in args.algorithms:
+        alg = make_algorithm(alg_name, model.loss, schedule, args, client_map)
+        step = jax.jit(alg.step)  # compiled once, reused for the three partitions
+        for part_name, (train, ev) in data.items():
+            state = alg.init(params0, key)
+            t0 = time.perf_counter()
+            curve = {"round": [], "train_loss": [], "test_accuracy": [], "bytes_up": 0.0}
+            for r in range(args.rounds + 1):
+                if r % args.eval_every == 0 or r == args.rounds:
+                    loss, acc = (float(v) for v in evaluate(state.params, ev))
+                    curve["round"].append(r)
+                    curve["train_loss"].append(loss)
+                    curve["test_accuracy"].append(acc)
+                if r < args.rounds:
+                    state, metrics = step(state, train, key)
+                    curve["bytes_up"] += float(metrics["bytes_up"])
+            curve["seconds"] = time.perf_counter() - t0
+            results["runs"][f"{alg_name}|{part_name}"] = curve
+            print(
+                f"{args.schedule:12s} {alg_name:10s} {part_name:8s} "
+                f"loss {curve['train_loss'][-1]:.4f} acc {curve['test_accuracy'][-1]:.4f} "
+                f"({curve['seconds']:.0f} s)",
+                flush=True,
+            )
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, f"{args.schedule}{args.tag}.json"), "w") as f:
+                json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

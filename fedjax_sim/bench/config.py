@@ -1,0 +1,86 @@
+"""`BenchConfig`: the options of `fedjax-sim bench` (a tyro dataclass)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+Suite = Literal["round", "baselines", "modes", "cohort", "steps", "width", "algorithms", "memory"]
+SUITES: tuple[str, ...] = (
+    "round",
+    "baselines",
+    "modes",
+    "cohort",
+    "steps",
+    "width",
+    "algorithms",
+    "memory",
+)
+
+
+@dataclasses.dataclass
+class BenchConfig:
+    """Benchmark round throughput: JSON lines + PNG plots + a markdown table under --out."""
+
+    suite: tuple[Suite, ...] = ("round",)
+    """Suites to run: round (one workload), baselines (vs per-client loop and PyTorch),
+    modes (vmap vs map(batch_size) vs memory-fitted), cohort (10 -> 10^6 clients), steps
+    (local steps), width (MLP widths), algorithms (every registered algorithm vs FedAvg),
+    memory (peak memory of 20 vs 200 scanned rounds)."""
+    workload: str = "W1"
+    """Preset workload (W1, W1-100, LR, tiny-mlp, tiny-lr); the flags below override it."""
+    algorithm: str | None = None
+    """Registered algorithm (default: the preset's, fedavg)."""
+    model: Literal["mlp", "logistic"] | None = None
+    """Model of the workload."""
+    hidden: tuple[int, ...] | None = None
+    """MLP hidden widths."""
+    clients: int | None = None
+    """Cohort size M (= number of clients; full participation)."""
+    local_steps: int | None = None
+    """Local steps per client."""
+    batch_size: int | None = None
+    """Local minibatch size."""
+    per_client: int | None = None
+    """Examples per client."""
+    mode: Literal["preset", "fit", "vmap", "map", "auto"] = "preset"
+    """Client map: the preset's, fit (chosen for the memory budget by
+    `parallel.fit_client_map`), vmap, map (with --map-batch), auto (`ClientMap("auto")`)."""
+    map_batch: int | None = None
+    """Clients per chunk in map mode."""
+    hparams: tuple[str, ...] = ()
+    """Extra algorithm hyper-parameters key=value (given to factories that accept them)."""
+    repeats: int = 3
+    """Timed rounds after the first (compiling) one; median and min are reported (>= 3)."""
+    cohorts: tuple[int, ...] = (10, 100, 1000, 10_000, 100_000, 1_000_000)
+    """Cohort sizes of the cohort sweep (stops at the largest that fits the budget)."""
+    cohort_workloads: tuple[str, ...] = ("LR", "W1")
+    """Presets swept over cohort sizes (logistic regression and the MLP)."""
+    steps_list: tuple[int, ...] = (1, 3, 10, 30, 100)
+    """Local steps of the steps sweep."""
+    widths: tuple[int, ...] = (50, 100, 200, 400, 800)
+    """Hidden width of the two-layer MLP in the width sweep."""
+    map_batches: tuple[int, ...] = (1, 2, 5, 8, 16, 32)
+    """Chunk sizes of the modes suite."""
+    algorithms: tuple[str, ...] = ()
+    """Algorithms of the algorithms suite (default: every registered one)."""
+    memory_rounds: tuple[int, ...] = (20, 200)
+    """Numbers of rounds compared by the memory suite."""
+    memory_budget_gb: float | None = None
+    """Memory budget of one measurement (default: min(8, half of the available memory));
+    larger configurations are skipped, and a measurement is killed at 1.25x the budget."""
+    max_round_s: float = 120.0
+    """Skip sweep points predicted to take longer than this per round."""
+    peak_n: int | None = None
+    """Size n of the f32 [n, n] matmul whose rate is the roofline's peak (default: 2048 on
+    CPU, 8192 on accelerators)."""
+    torch_threads: int | None = None
+    """Threads of the PyTorch baseline (default: torch's, = cores)."""
+    isolate: bool = True
+    """Run each measurement in its own process (needed for per-measurement peak RSS)."""
+    flops: bool = True
+    """Count FLOPs with XLA's cost analysis (a few extra compilations per measurement)."""
+    plots: bool = True
+    """Write a PNG per suite."""
+    out: str = "benchmarks/results"
+    """Results folder: <suite>.jsonl, <suite>.png, <suite>.md."""

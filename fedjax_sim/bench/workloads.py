@@ -1,0 +1,302 @@
+"""Benchmark workloads: algorithm x model x cohort x local steps x batch, and named presets.
+
+A `Workload` is a full-participation round on random data generated on device (features
+uniform in [0, 1), labels uniform over the classes), so the cohort is the whole client axis
+and nothing but the benchmarked round touches memory. `build(workload)` returns the model,
+the data, the algorithm (built through the registry with generic keyword arguments, see
+`algorithm_kwargs`) and the initial state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_sim import algorithms, models
+from fedjax_sim.algorithms.core import Algorithm, CohortSpec, LocalSpec
+from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.models.base import Model
+from fedjax_sim.parallel import ClientMap
+
+CLIENT_LR = 0.05
+GEN_BLOCK = 4096  # clients generated at once by `make_data`
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """One benchmarked round.
+
+    Attributes:
+      algorithm: registered algorithm name. model: "mlp" or "logistic".
+      hidden: MLP hidden widths. input_dim, num_classes: flat features and classes.
+      clients: cohort size M = number of clients C (full participation).
+      local_steps, batch_size: local work per client (minibatches drawn with replacement).
+      per_client: examples per client (N_max).
+      mode, map_batch: client map ("vmap", "map" with `map_batch` clients per chunk, or
+        "auto" = `ClientMap("auto")`).
+      hparams: extra algorithm hyper-parameters (passed if the factory accepts them).
+    """
+
+    name: str = "custom"
+    algorithm: str = "fedavg"
+    model: str = "mlp"
+    hidden: tuple[int, ...] = (200, 200)
+    input_dim: int = 784
+    num_classes: int = 10
+    clients: int = 1000
+    local_steps: int = 10
+    batch_size: int = 32
+    per_client: int = 100
+    mode: str = "map"
+    map_batch: int | None = 5
+    hparams: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self):
+        if self.model not in ("mlp", "logistic"):
+            raise ValueError(f"benchmark model must be 'mlp' or 'logistic', got {self.model!r}")
+        for field in ("input_dim", "num_classes", "clients", "local_steps", "batch_size"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"workload {field} must be >= 1, got {getattr(self, field)}")
+        if self.per_client < 1:
+            raise ValueError(f"workload per_client must be >= 1, got {self.per_client}")
+        if self.mode not in ("auto", "vmap", "map"):
+            raise ValueError(f"workload mode must be auto|vmap|map, got {self.mode!r}")
+        if self.map_batch is not None and self.map_batch < 1:
+            raise ValueError(f"workload map_batch must be >= 1, got {self.map_batch}")
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """Layer widths input -> output, e.g. (784, 200, 200, 10)."""
+        hidden = self.hidden if self.model == "mlp" else ()
+        return (self.input_dim, *hidden, self.num_classes)
+
+    @property
+    def client_steps(self) -> int:
+        return self.clients * self.local_steps
+
+    @property
+    def examples(self) -> int:
+        """Examples processed per round (client steps x batch)."""
+        return self.client_steps * self.batch_size
+
+    @property
+    def mode_label(self) -> str:
+        if self.mode == "map":
+            return f"map(batch_size={self.map_batch or 'default'})"
+        return self.mode
+
+    def replace(self, **kw: Any) -> Workload:
+        return dataclasses.replace(self, **kw)
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready fields of the workload (hidden widths as a list)."""
+        d = dataclasses.asdict(self)
+        d["hidden"] = list(self.hidden) if self.model == "mlp" else []
+        d["hparams"] = dict(self.hparams)
+        return d
+
+
+PRESETS: dict[str, Workload] = {
+    # the issue's W1: FedAvg, 1000 clients x 10 steps x batch 32, MLP 784-200-200-10
+    "W1": Workload("W1"),
+    "W1-100": Workload("W1-100", clients=100),
+    # multinomial logistic regression on FedProx-Synthetic-sized data (60 features, 10 classes)
+    "LR": Workload(
+        "LR", model="logistic", input_dim=60, per_client=20, batch_size=10, map_batch=256
+    ),
+    # tiny workloads for tests and smoke runs
+    "tiny-mlp": Workload(
+        "tiny-mlp",
+        hidden=(16,),
+        input_dim=12,
+        num_classes=3,
+        clients=6,
+        local_steps=3,
+        batch_size=4,
+        per_client=8,
+        map_batch=2,
+    ),
+    "tiny-lr": Workload(
+        "tiny-lr",
+        model="logistic",
+        input_dim=12,
+        num_classes=3,
+        clients=6,
+        local_steps=3,
+        batch_size=4,
+        per_client=8,
+        map_batch=2,
+    ),
+}
+
+
+def preset(name: str) -> Workload:
+    if name not in PRESETS:
+        raise ValueError(f"unknown workload {name!r}; choose from {sorted(PRESETS)}")
+    return PRESETS[name]
+
+
+# ------------------------------------------------------------------------------ flops
+def dense_step_flops(widths: tuple[int, ...], batch: int) -> int:
+    """Exact matmul FLOPs of one SGD step of a dense net on a batch (multiply-add = 2):
+    forward `2B sum in*out`, weight gradients the same, input gradients of every layer but
+    the first (the data needs none) `2B sum_{l>=2} in*out`."""
+    sizes = [a * b for a, b in zip(widths[:-1], widths[1:], strict=True)]
+    return 2 * batch * (2 * sum(sizes) + sum(sizes[1:]))
+
+
+def model_flops(w: Workload) -> int:
+    """FLOPs of a round in the usual `6 x batch x params-in-matmuls` convention (the issue's
+    ~382 GFLOP for W1); larger than the exact matmul count (`dense_step_flops`), which skips
+    the first layer's input gradient."""
+    sizes = [a * b for a, b in zip(w.widths[:-1], w.widths[1:], strict=True)]
+    return 6 * w.examples * sum(sizes)
+
+
+def exact_round_matmul_flops(w: Workload) -> int:
+    return w.client_steps * dense_step_flops(w.widths, w.batch_size)
+
+
+# ------------------------------------------------------------------------------ building
+class Built(NamedTuple):
+    model: Model
+    data: FederatedData
+    algorithm: Algorithm
+    state: Any
+    key: jax.Array
+
+
+def make_model(w: Workload) -> Model:
+    if w.model == "mlp":
+        return models.mlp((w.input_dim,), w.num_classes, hidden=w.hidden)
+    return models.logistic_regression((w.input_dim,), w.num_classes)
+
+
+def make_data(w: Workload, seed: int = 0) -> FederatedData:
+    """Random data generated on device (no host copy): `x [C, N, d]` uniform in [0, 1),
+    `y [C, N]` uniform labels; client i's rows depend only on `(seed, i)`."""
+    x, y = _generate(jax.random.key(seed), w.clients, w.per_client, w.input_dim, w.num_classes)
+    counts = jnp.full((w.clients,), w.per_client, jnp.int32)
+    return FederatedData(x=x, y=y, counts=counts, num_classes=w.num_classes)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _generate(key, clients, per_client, dim, classes):
+    def one(k):
+        kx, ky = jax.random.split(k)
+        x = jax.random.uniform(kx, (per_client, dim), jnp.float32)
+        return x, jax.random.randint(ky, (per_client,), 0, classes, jnp.int32)
+
+    # in blocks of clients, so that the peak is the data itself, not 2x (random bits)
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(clients))
+    return jax.lax.map(one, keys, batch_size=min(clients, GEN_BLOCK))
+
+
+def abstract_data(w: Workload) -> FederatedData:
+    """The data's shapes only (for lowering/compiling without allocating)."""
+    f32, i32 = jnp.float32, jnp.int32
+    return FederatedData(
+        x=jax.ShapeDtypeStruct((w.clients, w.per_client, w.input_dim), f32),
+        y=jax.ShapeDtypeStruct((w.clients, w.per_client), i32),
+        counts=jax.ShapeDtypeStruct((w.clients,), i32),
+        num_classes=w.num_classes,
+    )
+
+
+def data_bytes(w: Workload) -> int:
+    return w.clients * w.per_client * (4 * w.input_dim + 4) + 4 * w.clients
+
+
+def client_map(w: Workload) -> ClientMap:
+    if w.mode == "map":
+        return ClientMap("map", w.map_batch)
+    return ClientMap(w.mode)
+
+
+def algorithm_kwargs(w: Workload, data: FederatedData | None = None) -> dict[str, Any]:
+    """Generic keyword arguments offered to every factory (each gets those it accepts).
+
+    Learning rates are offered under all names used in the project (`client_optimizer`,
+    `client_lr`, `learning_rate`); `num_clients` sizes per-client state; `data` is offered to
+    factories that precompute something from the training data. Asynchronous algorithms get
+    `firing_probability=1`, `capacity=None` and `delta=C`: every client fires and is trained
+    in each event iteration, aggregated once, so one `step` does a FedAvg round's work.
+    """
+    kw: dict[str, Any] = {
+        "client_optimizer": CLIENT_LR,
+        "client_lr": CLIENT_LR,
+        "learning_rate": CLIENT_LR,
+        "server_optimizer": 1.0,
+        "server_lr": 1.0,
+        "local": LocalSpec(steps=w.local_steps, batch_size=w.batch_size),
+        "cohort": CohortSpec(),
+        "client_map": client_map(w),
+        "num_clients": w.clients,
+        "firing_probability": 1.0,
+        "capacity": None,
+        "delta": w.clients,
+    }
+    if data is not None:
+        kw["data"] = data
+    kw.update(dict(w.hparams))
+    return kw
+
+
+def missing_required(name: str, offered: dict[str, Any]) -> list[str]:
+    """Required keyword-only arguments of a factory that `offered` does not provide."""
+    params = inspect.signature(algorithms.ALGORITHMS[name]).parameters.values()
+    return [
+        p.name
+        for p in params
+        if p.kind is p.KEYWORD_ONLY and p.default is p.empty and p.name not in offered
+    ]
+
+
+def make_algorithm(w: Workload, data: FederatedData | None = None) -> Algorithm:
+    """Builds `w.algorithm` through the registry (ValueError naming any required
+    hyper-parameter the generic workload cannot provide)."""
+    offered = algorithm_kwargs(w, data)
+    if w.algorithm not in algorithms.ALGORITHMS:
+        raise ValueError(
+            f"unknown algorithm {w.algorithm!r}; choose from {sorted(algorithms.ALGORITHMS)}"
+        )
+    missing = missing_required(w.algorithm, offered)
+    if missing:
+        raise ValueError(f"{w.algorithm} requires hyper-parameters {missing} (pass --hparams)")
+    model = make_model(w)
+    return algorithms.build(w.algorithm, model.loss, **offered)
+
+
+def build(w: Workload, seed: int = 0) -> Built:
+    """Model, data, algorithm, initial state and key of a workload (allocates the data)."""
+    model = make_model(w)
+    data = make_data(w, seed)
+    alg = make_algorithm(w, data)
+    key = jax.random.key(seed)
+    state = alg.init(model.init(key), key)
+    return Built(model, data, alg, state, key)
+
+
+__all__ = [
+    "PRESETS",
+    "Built",
+    "Workload",
+    "abstract_data",
+    "algorithm_kwargs",
+    "build",
+    "client_map",
+    "data_bytes",
+    "dense_step_flops",
+    "exact_round_matmul_flops",
+    "make_algorithm",
+    "make_data",
+    "make_model",
+    "missing_required",
+    "model_flops",
+    "preset",
+]

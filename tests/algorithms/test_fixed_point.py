@@ -1,0 +1,559 @@
+"""FedAvg / FedProx local operators, EF-FedAvg / EF-FedProx (Beikmohammadi et al. 2024).
+
+Spec ../shared/specs/stepsizes_no_similarity.md section 8: exact reductions (8.1, 8.6), the
+virtual iterate (8.2), closed-form prox and its inner solver (8.7), the per-round inequality
+(1) with the constants of Propositions 1-4 every round at several heterogeneity levels with
+one step size (8.8), Theorems 1-3 (8.9), the EF-memory inequality (8.10), determinism and
+vmap-vs-loop (8.15). Deterministic theory checks use full-batch gradients (sigma = 0) in
+float64.
+"""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_sim import schedules
+from fedjax_sim.algorithms import ALGORITHMS, fedavg, fedprox
+from fedjax_sim.algorithms.core import (
+    LOCAL,
+    CohortSpec,
+    LocalSpec,
+    client_key,
+    minibatch,
+    round_key,
+)
+from fedjax_sim.algorithms.fixed_point import (
+    ef_fedavg,
+    ef_fedprox,
+    exact_prox,
+    fixed_point,
+    fp_fedavg,
+    fp_fedprox,
+    inexact_prox,
+    local_sgd,
+)
+from fedjax_sim.compression import ErrorFeedback, Identity, TopK
+from fedjax_sim.data import least_squares, pack
+from fedjax_sim.models import linear_regression
+from fedjax_sim.models.base import masked_mean
+from fedjax_sim.parallel import ClientMap
+
+UNIFORM = CohortSpec(weighting="uniform")
+
+
+def trajectory(alg, params, data, rounds, key=None, step=None):
+    """States after rounds 0..K (the initial state first)."""
+    key = jax.random.key(0) if key is None else key
+    state = alg.init(params, key)
+    step = step or jax.jit(alg.step)
+    states = [state]
+    for _ in range(rounds):
+        state, _ = step(state, data, key)
+        states.append(state)
+    return states
+
+
+# ------------------------------------------------------------------------------ problems
+@dataclasses.dataclass
+class Problem:
+    """A federated objective with uniform weights `f = (1/n) sum_i f_i`, its smoothness `L`,
+    a lower bound `f_lb <= f_inf` and an upper bound `delta_inf >= Delta_inf`."""
+
+    data: object
+    loss: object
+    f_i: object  # x [d] -> [n]
+    grad_i: object  # x [d] -> [n, d]
+    L: float
+    f_lb: float
+    delta_inf: float
+
+    def f(self, x):
+        return float(np.mean(self.f_i(x)))
+
+    def grad(self, x):
+        return np.mean(self.grad_i(x), axis=0)
+
+
+def quadratic(heterogeneity, seed=0, n=6, m=12, d=5):
+    """Heterogeneous least squares `f_i = ||A_i x - b_i||^2 / (2m)`; exact f_inf, f_i_inf."""
+    q = least_squares(
+        num_clients=n, examples_per_client=m, dim=d, heterogeneity=heterogeneity, seed=seed
+    )
+    b = np.asarray(q.data.y, np.float64)  # [n, m], no padding (equal sizes)
+    const = 0.5 * np.mean(b**2, axis=1)
+    f_i = lambda x: 0.5 * np.einsum("j,ijk,k->i", x, q.hessians, x) - q.linear @ x + const
+    grad_i = lambda x: q.hessians @ x - q.linear
+    fi_inf = np.array([f_i(w)[i] for i, w in enumerate(q.client_optima())])
+    x_star = np.linalg.solve(q.hessians.mean(0), q.linear.mean(0))
+    f_inf = float(np.mean(f_i(x_star)))
+    L = float(np.max(np.linalg.eigvalsh(q.hessians)))
+    return Problem(q.data, linear_regression(d).loss, f_i, grad_i, L, f_inf, f_inf - fi_inf.mean())
+
+
+def phi(t):
+    return t**2 / (1 + t**2)
+
+
+def nonconvex(spread, seed=0, n=5, d=4):
+    """`f_i(x) = sum_j phi(x_j - a_ij)`, phi(t) = t^2/(1+t^2): L = 2, f_i_inf = 0; f_inf is
+    bounded below by 0 and Delta_inf above by f at a good point (both only loosen (1))."""
+    a = spread * np.random.default_rng(seed).normal(size=(n, d))
+    data = pack(a.astype(np.float32), np.zeros(n, np.float32), np.arange(n), n)
+
+    def loss(params, batch):
+        return masked_mean(jnp.sum(phi(params["w"] - batch.x), axis=-1), batch.mask)
+
+    f_i = lambda x: np.sum(phi(x[None] - a), axis=1)
+    grad_i = lambda x: 2 * (x[None] - a) / (1 + (x[None] - a) ** 2) ** 2
+    x = np.median(a, axis=0)
+    for _ in range(3000):  # GD on f from the median: an upper bound on f_inf
+        x = x - 0.2 * np.mean(grad_i(x), axis=0)
+    return Problem(data, loss, f_i, grad_i, 2.0, 0.0, float(np.mean(f_i(x))))
+
+
+# ------------------------------------------------------------------------------ checks of (1)
+def lyapunov(problem, state, step, weight):
+    """V_k = f(z^k) - f_lb + weight * s_k / n * sum_i ||e_i||^2 (z = x without memory)."""
+    x = np.asarray(state.params["w"], np.float64)
+    if state.uplink is None:
+        return problem.f(x) - problem.f_lb
+    e = np.asarray(state.uplink["w"], np.float64)
+    z = x + e.mean(0)
+    return problem.f(z) - problem.f_lb + weight * step * np.mean(np.sum(e**2, axis=1))
+
+
+def violations(problem, states, steps, rc):
+    """Rounds where V_{k+1} <= (1 + b1 s^2) V_k - b2 s W_k + b3 s^2 fails."""
+    bad = []
+    for k in range(len(states) - 1):
+        s = float(steps[k])
+        v0 = lyapunov(problem, states[k], s, rc.error_weight)
+        v1 = lyapunov(problem, states[k + 1], float(steps[k + 1]), rc.error_weight)
+        w = float(np.sum(problem.grad(np.asarray(states[k].params["w"], np.float64)) ** 2))
+        rhs = (1 + rc.b1 * s * s) * v0 - rc.b2 * s * w + rc.b3 * s * s
+        if v1 > rhs + 1e-12 * (1 + abs(rhs)):
+            bad.append(k)
+    return bad
+
+
+def algorithm_and_constants(name, problem, step, T=5, k_top=1):
+    """The algorithm and the constants of its Proposition (sigma = 0, full batches)."""
+    L, dinf = problem.L, problem.delta_inf
+    n = problem.data.num_clients
+    d = int(problem.data.x.shape[-1])
+    delta = k_top / d
+    full = LocalSpec(steps=T, sampling="full")
+    if name == "fedavg":
+        alg = fp_fedavg(problem.loss, step_size=step, local=full, cohort=UNIFORM)
+        return alg, schedules.fedavg_constants(L, T, 0.0, dinf)
+    if name == "fedprox":
+        alg = fp_fedprox(problem.loss, step_size=step, exact=True, batch_size=None, cohort=UNIFORM)
+        return alg, schedules.fedprox_constants(L, 0.0, dinf)
+    if name == "fedprox_inner":  # non-quadratic: 80 inner GD steps of lr s (contraction sL)
+        alg = fp_fedprox(
+            problem.loss,
+            step_size=step,
+            inner_steps=80,
+            inner_lr=1.0,
+            batch_size=1,
+            cohort=UNIFORM,
+        )
+        return alg, schedules.fedprox_constants(L, 0.0, dinf)
+    top = TopK(k=k_top)
+    if name == "ef_fedavg":
+        alg = ef_fedavg(
+            problem.loss,
+            num_clients=n,
+            compressor=top,
+            step_size=step,
+            local=full,
+            cohort=UNIFORM,
+        )
+        return alg, schedules.ef_fedavg_constants(L, delta, 0.0, dinf)
+    alg = ef_fedprox(
+        problem.loss,
+        num_clients=n,
+        compressor=top,
+        step_size=step,
+        exact=True,
+        batch_size=None,
+        cohort=UNIFORM,
+    )
+    return alg, schedules.ef_fedprox_constants(L, delta, 0.0, dinf)
+
+
+def cap(name, L, delta):
+    return {
+        "fedavg": schedules.fedavg_cap(L),
+        "fedprox": schedules.fedprox_cap(L),
+        "fedprox_inner": schedules.fedprox_cap(L),
+        "ef_fedavg": schedules.ef_fedavg_cap(L, delta),
+        "ef_fedprox": schedules.ef_fedprox_cap(L, delta),
+    }[name]
+
+
+ALGS = ["fedavg", "fedprox", "ef_fedavg", "ef_fedprox"]
+
+
+@pytest.mark.parametrize("name", ALGS)
+def test_inequality_1_every_round_least_squares_one_step_size(x64, name):
+    """The paper's claim: one step size (from L and the compressor only) gives (1) every round
+    whatever the heterogeneity."""
+    problems = [quadratic(h) for h in (0.0, 1.0, 3.0)]
+    L = max(p.L for p in problems)
+    assert L >= 1 / 3  # spec 7.8 for Prop 3
+    s = cap(name, L, 1 / 5)
+    assert problems[0].delta_inf < problems[1].delta_inf < problems[2].delta_inf
+    step = None
+    for p in problems:
+        p.L = L  # a larger L is still a valid smoothness constant
+        alg, rc = algorithm_and_constants(name, p, s)
+        step = step or jax.jit(alg.step)  # same shapes: one compilation for all levels
+        states = trajectory(alg, {"w": jnp.zeros(5)}, p.data, 25, step=step)
+        assert violations(p, states, np.full(26, s), rc) == []
+        assert p.f(np.asarray(states[-1].params["w"])) < p.f(np.zeros(5))  # it does move
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox_inner", "ef_fedavg"])
+def test_inequality_1_every_round_nonconvex(x64, name):
+    """phi problem; FedProx's prox (no closed form) is solved to float64 precision by 80
+    inner GD steps of lr s (contraction factor s L <= 0.41)."""
+    problems = [nonconvex(spread) for spread in (0.3, 1.0, 3.0)]
+    s = cap(name, 2.0, 1 / 4)
+    step = None
+    for p in problems:
+        alg, rc = algorithm_and_constants(name, p, s, k_top=1)
+        step = step or jax.jit(alg.step)
+        states = trajectory(alg, {"w": jnp.zeros(4)}, p.data, 20, step=step)
+        assert violations(p, states, np.full(21, s), rc) == []
+
+
+@pytest.mark.parametrize("heterogeneity", [0.0, 3.0])
+def test_inequality_check_is_not_vacuous(x64, heterogeneity):
+    """Negative control: the same check with the same constants fails once the round moves
+    beyond the stability limit of f (server lr turning the round step into 3 / lambda_max)."""
+    p = quadratic(heterogeneity)
+    lam = np.linalg.eigvalsh(np.mean([p.grad_i(e) - p.grad_i(0 * e) for e in np.eye(5)], 1))
+    s = schedules.fedavg_cap(p.L)
+    alg = fixed_point(
+        p.loss,
+        operator=local_sgd(1, 1, sampling="full"),
+        step_size=s,
+        cohort=UNIFORM,
+        server_optimizer=3.0 / (lam.max() * s),
+    )
+    states = trajectory(alg, {"w": jnp.zeros(5)}, p.data, 8)
+    assert violations(p, states, np.full(9, s), schedules.fedavg_constants(p.L, 1, 0, p.delta_inf))
+
+
+# ------------------------------------------------------------------------------ theorems
+def min_grad_sq(problem, states):
+    return min(float(np.sum(problem.grad(np.asarray(s.params["w"])) ** 2)) for s in states[:-1])
+
+
+@pytest.mark.parametrize("name", ["fedavg", "ef_fedavg"])
+def test_theorem1_and_theorem2_bounds(x64, name):
+    p, K = quadratic(2.0), 40
+    c = cap(name, p.L, 1 / 5)
+    v0 = p.f(np.zeros(5)) - p.f_lb
+    # Theorem 1: s = c / sqrt(K)
+    alg, rc = algorithm_and_constants(name, p, c / math.sqrt(K))
+    w = min_grad_sq(p, trajectory(alg, {"w": jnp.zeros(5)}, p.data, K))
+    assert w <= schedules.fixed_bound(rc, v0, c / math.sqrt(K), K)
+    assert w <= schedules.theorem1_bound(rc, v0, c, K)
+    # Theorem 2: s_k = c / (k + 1)^0.75
+    sched = schedules.diminishing(c, 0.75)
+    alg, rc = algorithm_and_constants(name, p, sched)
+    states = trajectory(alg, {"w": jnp.zeros(5)}, p.data, K)
+    steps = schedules.values(sched, K + 1)
+    assert violations(p, states, steps, rc) == []
+    w = min_grad_sq(p, states)
+    assert w <= schedules.diminishing_bound(rc, v0, steps[:K])
+    assert w <= schedules.theorem2_bound(rc, v0, c, 0.75, K)
+
+
+def test_theorem3_step_decay_bounds(x64):
+    """rho = 2, K = rho^{2M} = 256, M = 4 phases of P = 64 (spec 7.4)."""
+    p = quadratic(2.0)
+    K, P, M, rho = 256, 64, 4, 2.0
+    assert P == round(schedules.theory_phase_length(K, rho))
+    s0 = schedules.fedavg_cap(p.L)
+    sched = schedules.step_decay(s0, rho, P)
+    alg, rc = algorithm_and_constants("fedavg", p, sched)
+    states = trajectory(alg, {"w": jnp.zeros(5)}, p.data, K)
+    steps = schedules.values(sched, K + 1)
+    assert violations(p, states, steps, rc) == []
+    r_max = max(lyapunov(p, s, 0.0, 0.0) for s in states)
+    w = min_grad_sq(p, states)
+    assert w <= schedules.single_phase_bound(rc, r_max, s0, rho, P, M)
+    assert w <= schedules.theorem3_bound(rc, r_max, s0, rho, K)
+
+
+def test_ef_memory_inequality(x64):
+    """mean ||e^{k+1}||^2 <= (1 - delta/4) mean ||e^k||^2 + D1 mean ||grad f_i(z^k)||^2 over
+    clients (sigma = 0, s <= a_hat)."""
+    p = quadratic(3.0)
+    delta = 1 / 5
+    s = schedules.ef_fedavg_cap(p.L, delta)
+    alg, _ = algorithm_and_constants("ef_fedavg", p, s)
+    states = trajectory(alg, {"w": jnp.zeros(5)}, p.data, 25)
+    d1 = 16 * (1 - delta) * (1 + 2 / delta) * s**2 / 3
+    grew = False
+    for a, b in zip(states[:-1], states[1:], strict=True):
+        e0, e1 = np.asarray(a.uplink["w"]), np.asarray(b.uplink["w"])
+        z = np.asarray(a.params["w"]) + e0.mean(0)
+        lhs = np.mean(np.sum(e1**2, 1))
+        rhs = (1 - delta / 4) * np.mean(np.sum(e0**2, 1)) + d1 * np.mean(
+            np.sum(p.grad_i(z) ** 2, 1)
+        )
+        assert lhs <= rhs * (1 + 1e-12)
+        grew |= lhs > 0
+    assert grew
+
+
+# ------------------------------------------------------------------------------ reductions
+def stochastic_problem():
+    return least_squares(num_clients=5, examples_per_client=[9, 14, 6, 11, 20], dim=6, seed=4)
+
+
+@pytest.mark.parametrize(
+    "operator",
+    [
+        local_sgd(4, 3, divide_by_T=True),
+        inexact_prox(6, 0.1, 4),
+    ],
+    ids=["fedavg", "fedprox"],
+)
+def test_error_feedback_with_identity_is_algorithm_1_bitwise(operator):
+    q = stochastic_problem()
+    model = linear_regression(6)
+    sched = schedules.diminishing(0.3, 0.6)
+    fp = fixed_point(model.loss, operator=operator, step_size=sched)
+    ef = fixed_point(
+        model.loss, operator=operator, step_size=sched, compressor=Identity(), num_clients=5
+    )
+    a = trajectory(fp, {"w": jnp.ones(6)}, q.data, 6)
+    b = trajectory(ef, {"w": jnp.ones(6)}, q.data, 6)
+    for sa, sb in zip(a, b, strict=True):
+        np.testing.assert_array_equal(sa.params["w"], sb.params["w"])
+        assert not np.any(np.asarray(sb.uplink["w"]))
+    assert not np.array_equal(a[0].params["w"], a[-1].params["w"])
+
+
+def test_virtual_iterate_identity():
+    """z^{k+1} - z^k == sum_i w_i (x_i^k - x^k): the local models x_i^k come from an Alg. 1
+    round run from the same x^k with the same key (same minibatches)."""
+    q = stochastic_problem()
+    model = linear_regression(6)
+    op = local_sgd(3, 4, divide_by_T=False)
+    fp = fixed_point(model.loss, operator=op, step_size=0.05)
+    ef = fixed_point(model.loss, operator=op, step_size=0.05, compressor=TopK(k=2), num_clients=5)
+    key = jax.random.key(3)
+    states = trajectory(ef, {"w": jnp.zeros(6)}, q.data, 5, key=key)
+    fp_step = jax.jit(fp.step)
+    z = lambda s: s.params["w"] + jnp.mean(s.uplink["w"], 0)
+    for a, b in zip(states[:-1], states[1:], strict=True):
+        start = fp.init(a.params, key).replace(round=a.round)
+        moved = fp_step(start, q.data, key)[0].params["w"] - a.params["w"]
+        np.testing.assert_allclose(z(b) - z(a), moved, rtol=1e-6, atol=1e-6)
+    assert np.any(np.asarray(states[-1].uplink["w"]))  # the memory is really used
+
+
+def test_fedavg_one_step_is_distributed_minibatch_sgd(x64):
+    q = stochastic_problem()
+    model = linear_regression(6)
+    key, s, batch = jax.random.key(7), 0.2, 4
+    x0 = np.linspace(-1, 1, 6)
+    alg = fp_fedavg(model.loss, step_size=s, local=LocalSpec(steps=1, batch_size=batch))
+    state, _ = jax.jit(alg.step)(alg.init({"w": jnp.asarray(x0)}, key), q.data, key)
+    local_key = round_key(key, jnp.int32(0), LOCAL)
+    grads = []
+    for i in range(5):
+        b = minibatch(q.data.client(i), client_key(local_key, i), 0, batch, "replacement")
+        a, y = np.asarray(b.x, np.float64), np.asarray(b.y, np.float64)
+        grads.append(a.T @ (a @ x0 - y) / batch)
+    np.testing.assert_allclose(state.params["w"], x0 - s * np.mean(grads, 0), rtol=1e-12)
+
+
+def test_fedavg_identity_18_full_batch_schedule(x64):
+    """x^{k+1} = x^k - (s_k / (nT)) sum_i sum_t grad f_i(x_i^{k,t}), s_k from a schedule."""
+    q = stochastic_problem()
+    model = linear_regression(6)
+    T, sched = 4, schedules.step_decay(0.4, 2.0, 2)
+    alg = fp_fedavg(
+        model.loss, step_size=sched, local=LocalSpec(steps=T, sampling="full"), cohort=UNIFORM
+    )
+    states = trajectory(alg, {"w": jnp.zeros(6)}, q.data, 5)
+    x = np.zeros(6)
+    for k in range(5):
+        s = 0.4 / 2 ** (k // 2)
+        total = np.zeros(6)
+        for i in range(5):
+            y = x.copy()
+            for _ in range(T):
+                g = q.hessians[i] @ y - q.linear[i]
+                total += g
+                y = y - s / T * g
+        x = x - s / (5 * T) * total
+        np.testing.assert_allclose(states[k + 1].params["w"], x, rtol=1e-11, atol=1e-13)
+
+
+# ------------------------------------------------------------------------------ prox
+def test_exact_prox_closed_form(x64):
+    q = stochastic_problem()
+    model = linear_regression(6)
+    s, x0 = 0.3, np.linspace(0.5, -0.5, 6)
+    alg = fp_fedprox(model.loss, step_size=s, exact=True, batch_size=None, cohort=UNIFORM)
+    key = jax.random.key(0)
+    state, metrics = jax.jit(alg.step)(alg.init({"w": jnp.asarray(x0)}, key), q.data, key)
+    eye = np.eye(6)
+    prox = [
+        np.linalg.solve(eye + s * h, x0 + s * c) for h, c in zip(q.hessians, q.linear, strict=True)
+    ]
+    for p, h, c in zip(prox, q.hessians, q.linear, strict=True):  # p = x - s grad f_i(p)
+        np.testing.assert_allclose(p, x0 - s * (h @ p - c), rtol=1e-12)
+    np.testing.assert_allclose(state.params["w"], np.mean(prox, 0), rtol=1e-12)
+    assert int(metrics["local_steps"]) == 1
+
+
+def test_inner_solver_converges_to_the_prox_when_capped(x64):
+    s = 0.3
+    q = least_squares(num_clients=1, examples_per_client=12, dim=4, seed=2)
+    model = linear_regression(4)
+    L = float(np.linalg.eigvalsh(q.hessians[0]).max())
+    assert s * L < 1  # with lr = s the inner iteration contracts by s L
+    x0 = np.ones(4)
+    p = np.linalg.solve(np.eye(4) + s * q.hessians[0], x0 + s * q.linear[0])
+    errors = []
+    for J in (3, 60):
+        alg = fp_fedprox(model.loss, step_size=s, inner_steps=J, inner_lr=0.5, batch_size=12)
+        key = jax.random.key(0)
+        state, _ = jax.jit(alg.step)(alg.init({"w": jnp.asarray(x0)}, key), q.data, key)
+        errors.append(np.linalg.norm(np.asarray(state.params["w"]) - p))
+    assert 1e-4 < errors[0] < np.linalg.norm(x0 - p)
+    assert errors[1] < 1e-10
+
+
+def test_uncapped_inner_solver_diverges_for_small_step(x64):
+    """Regression check of spec 7.2: inner lr 0.1 with s < 0.05 is unstable (0.1/s > 2)."""
+    q = least_squares(num_clients=1, examples_per_client=12, dim=4, seed=2)
+    model = linear_regression(4)
+    x0, s = np.ones(4), 0.025
+    p = np.linalg.solve(np.eye(4) + s * q.hessians[0], x0 + s * q.linear[0])
+    errors = {}
+    for cap_lr in (True, False):
+        alg = fp_fedprox(
+            model.loss,
+            step_size=s,
+            inner_steps=30,
+            inner_lr=0.1,
+            batch_size=12,
+            cap_inner_lr=cap_lr,
+        )
+        key = jax.random.key(0)
+        state, _ = jax.jit(alg.step)(alg.init({"w": jnp.asarray(x0)}, key), q.data, key)
+        errors[cap_lr] = np.linalg.norm(np.asarray(state.params["w"]) - p)
+    assert errors[True] < 1e-10
+    assert errors[False] > 1e3 * np.linalg.norm(x0 - p)
+
+
+# ------------------------------------------------------------------------------ wrappers, bytes
+def test_error_feedback_wraps_fedavg_and_fedprox():
+    """`uplink=ErrorFeedback(...)` around the foundation's fedavg / fedprox: EF-FedAvg built
+    that way is ef_fedavg; with the identity compressor fedprox is unchanged."""
+    q = stochastic_problem()
+    model = linear_regression(6)
+    local = LocalSpec(steps=3, batch_size=4)
+    wrapped = fedavg(
+        model.loss,
+        client_optimizer=schedules.client_sgd(0.1, scale=1 / 3),
+        local=local,
+        cohort=UNIFORM,
+        uplink=ErrorFeedback(TopK(k=2), 5),
+    )
+    named = ef_fedavg(model.loss, num_clients=5, compressor=TopK(k=2), step_size=0.1, local=local)
+    runs = [trajectory(g, {"w": jnp.zeros(6)}, q.data, 4) for g in (wrapped, named)]
+    for a, b in zip(*runs, strict=True):
+        np.testing.assert_array_equal(a.params["w"], b.params["w"])
+        np.testing.assert_array_equal(a.uplink["w"], b.uplink["w"])
+    kw = dict(mu=0.5, client_optimizer=0.05, local=local)
+    plain = trajectory(fedprox(model.loss, **kw), {"w": jnp.zeros(6)}, q.data, 3)
+    ident = fedprox(model.loss, **kw, uplink=ErrorFeedback(Identity(), 5))
+    for a, b in zip(plain, trajectory(ident, {"w": jnp.zeros(6)}, q.data, 3), strict=True):
+        np.testing.assert_array_equal(a.params["w"], b.params["w"])
+
+
+def test_partial_participation_keeps_memory_and_counts_bytes():
+    q = least_squares(num_clients=8, examples_per_client=10, dim=6, seed=1)
+    model = linear_regression(6)
+    alg = ef_fedavg(
+        model.loss,
+        num_clients=8,
+        compressor=TopK(k=2),
+        step_size=0.1,
+        local=LocalSpec(steps=2, batch_size=4),
+        cohort=CohortSpec(size=3, weighting="uniform"),
+    )
+    key = jax.random.key(2)
+    state = alg.init({"w": jnp.zeros(6)}, key)
+    for _ in range(3):
+        new, metrics = jax.jit(alg.step)(state, q.data, key)
+        changed = np.any(np.asarray(new.uplink["w"] != state.uplink["w"]), axis=1)
+        assert changed.sum() <= 3
+        cohort = np.asarray(
+            CohortSpec(size=3).sample(round_key(key, state.round, 0), q.data.counts)[0]
+        )
+        assert set(np.flatnonzero(changed)) <= set(cohort.tolist())
+        state = new
+    assert float(metrics["bytes_up"]) == 3 * 2 * (4 + 4)  # k values + k int32 indices each
+    assert float(metrics["bytes_down"]) == 3 * 6 * 4  # full-precision broadcast
+    full = fp_fedavg(model.loss, local=LocalSpec(steps=2, batch_size=4))
+    _, m = jax.jit(full.step)(full.init({"w": jnp.zeros(6)}, key), q.data, key)
+    assert float(m["bytes_up"]) == 8 * 6 * 4
+
+
+def test_determinism_and_vmap_equals_loop():
+    q = stochastic_problem()
+    model = linear_regression(6)
+
+    def build(mode):
+        return ef_fedprox(
+            model.loss,
+            num_clients=5,
+            compressor=TopK(k=2),
+            step_size=schedules.diminishing(0.3, 0.6),
+            inner_steps=5,
+            batch_size=4,
+            client_map=ClientMap(mode, 1),
+        )
+
+    def run(alg, step):
+        return trajectory(alg, {"w": jnp.zeros(6)}, q.data, 4, jax.random.key(9), step)[-1]
+
+    vmapped, looped = build("vmap"), build("map")  # map with chunks of 1: a loop over clients
+    step = jax.jit(vmapped.step)
+    a, b, c = run(vmapped, step), run(vmapped, step), run(looped, None)
+    np.testing.assert_array_equal(a.params["w"], b.params["w"])
+    np.testing.assert_array_equal(a.uplink["w"], b.uplink["w"])
+    np.testing.assert_allclose(a.params["w"], c.params["w"], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(a.uplink["w"], c.uplink["w"], rtol=1e-6, atol=1e-6)
+
+
+def test_registered_and_validated():
+    for name in ("fp_fedavg", "fp_fedprox", "ef_fedavg", "ef_fedprox"):
+        assert name in ALGORITHMS
+    model = linear_regression(3)
+    with pytest.raises(ValueError, match="num_clients"):
+        fixed_point(model.loss, operator=exact_prox(), step_size=0.1, compressor=TopK(k=1))
+    with pytest.raises(ValueError, match="inner_lr"):
+        inexact_prox(inner_lr=0.0)
+    with pytest.raises(ValueError, match="step size"):
+        fp_fedavg(model.loss, step_size=-1.0)
+    alg = ef_fedavg(model.loss, num_clients=3)
+    q = least_squares(num_clients=4, dim=3)
+    with pytest.raises(ValueError, match="uplink memory has 3 clients"):
+        alg.step(alg.init({"w": jnp.zeros(3)}, None), q.data, jax.random.key(0))

@@ -1,0 +1,142 @@
+"""`fedjax-sim bench` end to end on tiny workloads: files written, rows valid, the kernel
+table's skip-with-reason for algorithms that cannot run on the generic workload, the
+memory-budget skip and the watchdog that kills a measurement over its memory cap."""
+
+import json
+import os
+
+import pytest
+
+from fedjax_sim import algorithms
+from fedjax_sim.algorithms import fedavg
+from fedjax_sim.bench import suites
+from fedjax_sim.bench.config import BenchConfig
+from fedjax_sim.bench.results import read_rows, validate_row
+from fedjax_sim.bench.workloads import Workload, algorithm_kwargs, missing_required, preset
+from fedjax_sim.cli import main
+
+
+@pytest.fixture
+def cheap(monkeypatch):
+    """Skip the two compilations of the per-client memory estimate (tested in the sweeps
+    with real numbers elsewhere); tests also use a small matmul for the peak."""
+    monkeypatch.setattr(suites, "per_client_bytes", lambda w: 10**4)
+
+
+def test_cli_bench_round_writes_rows_table_and_plot(tmp_path, capsys, cheap):
+    out = tmp_path / "res"
+    code = main(["bench", "--workload", "tiny-lr", "--no-isolate", "--no-flops", "--out", str(out)])
+    assert code == 0
+    rows = read_rows(str(out / "round.jsonl"))
+    assert [r["kind"] for r in rows] == ["round"]
+    validate_row(rows[0])
+    assert rows[0]["workload"]["name"] == "tiny-lr" and rows[0]["flops_xla"] is None
+    assert (out / "round.png").stat().st_size > 1000
+    assert "s/round (median)" in (out / "round.md").read_text()
+    assert "client-steps/s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--workload", "nope"], "unknown workload"),
+        (["--algorithm", "nope"], "unknown algorithm"),
+        (["--repeats", "2", "--workload", "tiny-lr"], "repeats must be >= 3"),
+    ],
+)
+def test_cli_bench_usage_errors(argv, message, capsys, tmp_path):
+    assert main(["bench", "--out", str(tmp_path), *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def _needs_foo(loss_fn, *, foo, client_map=None):
+    """Needs a hyper-parameter the generic workload does not offer."""
+    return fedavg(loss_fn)
+
+
+def _broken(loss_fn, *, local=None):
+    """Builds, but its step fails on the workload."""
+    alg = fedavg(loss_fn)
+
+    def step(state, data, key):
+        raise ValueError("needs a similarity graph")
+
+    return alg._replace(step=step)
+
+
+def test_algorithm_table_ratios_and_skips(tmp_path, monkeypatch, cheap):
+    monkeypatch.setitem(algorithms.ALGORITHMS, "needs_foo", _needs_foo)
+    monkeypatch.setitem(algorithms.ALGORITHMS, "broken", _broken)
+    assert missing_required("needs_foo", algorithm_kwargs(preset("tiny-lr"))) == ["foo"]
+    cfg = BenchConfig(
+        suite=("algorithms",),
+        workload="tiny-lr",
+        isolate=False,
+        flops=False,
+        plots=False,
+        peak_n=64,
+        algorithms=("fedprox", "needs_foo", "broken", "unknown"),
+        out=str(tmp_path),
+    )
+    rows = suites.run(cfg, log=lambda s: None)["algorithms"]
+    by = {r["label"]: r for r in rows}
+    assert by["fedavg"]["ratio_to_fedavg"] == 1.0
+    assert by["fedprox"]["kind"] == "round" and by["fedprox"]["ratio_to_fedavg"] > 0
+    assert by["fedprox"]["ratio_to_fedavg"] == pytest.approx(
+        by["fedprox"]["round_s_median"] / by["fedavg"]["round_s_median"], rel=1e-2
+    )
+    assert "requires hyper-parameters ['foo']" in by["needs_foo"]["reason"]
+    assert "needs a similarity graph" in by["broken"]["reason"]
+    assert by["unknown"]["reason"] == "not registered"
+    summary = rows[-1]
+    assert summary["kind"] == "summary"
+    assert set(summary["skipped"]) == {"needs_foo", "broken", "unknown"}
+    assert summary["measured"] == ["fedavg", "fedprox"]
+    for row in read_rows(str(tmp_path / "algorithms.jsonl")):
+        validate_row(row)
+
+
+def test_budget_skips_and_stops_the_sweep(tmp_path, monkeypatch):
+    monkeypatch.setattr(suites, "per_client_bytes", lambda w: 10**5)
+    cfg = BenchConfig(
+        suite=("cohort",),
+        cohort_workloads=("tiny-lr",),
+        mode="vmap",
+        cohorts=(10**5, 10**6),
+        isolate=False,
+        plots=False,
+        memory_budget_gb=1.5,
+        out=str(tmp_path),
+    )
+    rows = suites.run(cfg, log=lambda s: None)["cohort"]
+    assert [r["kind"] for r in rows] == ["skipped", "skipped", "summary"]
+    assert "estimated memory 1" in rows[0]["reason"] and "> budget 1.50 GiB" in rows[0]["reason"]
+    assert "a smaller configuration was skipped" in rows[1]["reason"]
+    assert rows[2]["largest_measured"] == 0 and "estimated memory" in rows[2]["stopped_because"]
+    # fitted mode: the heuristic refuses a cohort whose data alone exceeds the budget
+    cfg.mode, cfg.cohorts = "preset", (10**7,)
+    rows = suites.run(cfg, log=lambda s: None)["cohort"]
+    assert rows[0]["kind"] == "skipped" and "does not fit the memory budget" in rows[0]["reason"]
+
+
+def test_watchdog_kills_a_measurement_over_its_memory_cap():
+    spec = {"task": "engine", "workload": Workload().describe(), "suite": "t", "label": "big"}
+    row = suites.run_isolated(spec, kill_bytes=40 * 2**20, timeout_s=120)
+    assert row["kind"] == "skipped" and "killed by the watchdog: RSS" in row["reason"]
+
+
+def test_estimate_grows_with_cohort_and_chunk():
+    w = preset("LR")
+    small = suites.estimate_bytes(w.replace(clients=10**3), 10**4)
+    big = suites.estimate_bytes(w.replace(clients=10**6), 10**4)
+    assert big - small == pytest.approx(suites.MARGIN * 999_000 * (20 * 61 * 4 + 4), rel=1e-6)
+    vmap = suites.estimate_bytes(w.replace(clients=10**6, mode="vmap"), 10**4)
+    assert vmap - big == pytest.approx(suites.MARGIN * (10**6 - 256) * 10**4, rel=1e-6)
+
+
+def test_json_lines_are_plain_json(tmp_path):
+    path = os.path.join(tmp_path, "x.jsonl")
+    from fedjax_sim.bench.results import write_rows
+
+    write_rows(path, [{"a": 1}, {"b": [1, 2]}])
+    assert [json.loads(line) for line in open(path)] == [{"a": 1}, {"b": [1, 2]}]
