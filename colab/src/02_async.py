@@ -40,6 +40,7 @@ import jax
 
 jax.config.update("jax_enable_x64", True)  # errors go down to 1e-30: use float64
 
+# %%
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
