@@ -22,7 +22,10 @@ import optax  # noqa: E402
 
 from fedjax_sim import distributed  # noqa: E402
 from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg, fedprox  # noqa: E402
+from fedjax_sim.algorithms.area import area  # noqa: E402
 from fedjax_sim.algorithms.core import local_train, minibatch  # noqa: E402
+from fedjax_sim.algorithms.fedbuff import fedbuff  # noqa: E402
+from fedjax_sim.algorithms.scaffold import scaffold  # noqa: E402
 from fedjax_sim.data import least_squares  # noqa: E402
 from fedjax_sim.models import linear_regression  # noqa: E402
 from fedjax_sim.parallel import ClientMap, client_mesh  # noqa: E402
@@ -43,13 +46,55 @@ def problem():
     return least_squares(num_clients=16, examples_per_client=np.arange(3, 19), dim=3, seed=2)
 
 
-def run(alg, data, rounds=ROUNDS):
+def run(alg, data, rounds=ROUNDS, mesh=None):
+    """Final global model; with a mesh, the data and every per-client state row `[C, ...]`
+    are placed sharded over the clients axis (as `simulate(mesh=...)` does)."""
     key = jax.random.key(0)
     state = alg.init({"w": jnp.ones(3)}, key)
+    if mesh is not None:
+        data = distributed.place(data, mesh, data.num_clients)
+        state = distributed.place(state, mesh, data.num_clients)
     step = jax.jit(alg.step)
-    for _ in range(rounds):
-        state, _ = step(state, data, key)
+    for r in range(rounds):
+        state, _ = step(state, data, jax.random.fold_in(key, r))
     return np.asarray(state.params["w"])
+
+
+def stateful_algorithms(client_map):
+    """Per-client state `[C, ...]` (SCAFFOLD's control variates) and asynchronous event
+    algorithms (AREA's per-client memory, FedBuff), all with 16 clients."""
+    model = linear_regression(3)
+    local = LocalSpec(epochs=2, batch_size=4)
+    return {
+        "scaffold": scaffold(
+            model.loss,
+            num_clients=16,
+            client_lr=0.05,
+            local=local,
+            cohort=CohortSpec(size=10),
+            client_map=client_map,
+        ),
+        "area": area(
+            model.loss,
+            num_clients=16,
+            firing_probability=0.4,
+            delta=3,
+            capacity=7,
+            client_optimizer=0.05,
+            local=LocalSpec(steps=2, batch_size=4),
+            client_map=client_map,
+        ),
+        "fedbuff": fedbuff(
+            model.loss,
+            num_clients=16,
+            firing_probability=0.4,
+            delta=3,
+            capacity=7,
+            client_optimizer=0.05,
+            local=LocalSpec(steps=2, batch_size=4),
+            client_map=client_map,
+        ),
+    }
 
 
 def algorithms(client_map, cohort):
@@ -84,6 +129,17 @@ def sharded(out):
         ]
         results[f"{name}/{cohort_name}/{map_name}/plain"] = run(plain, data)
         results[f"{name}/{cohort_name}/{map_name}/sharded"] = run(shard, data)
+
+    # per-client state and async event algorithms: state rows sharded over the devices,
+    # the firing slots (7, padded to 8) and the cohort (10, padded to 12) mapped over them
+    for map_name, cmap in maps.items():
+        plain = stateful_algorithms(cmap)
+        shard = stateful_algorithms(ClientMap(cmap.mode, cmap.batch_size, mesh=mesh))
+        for name in plain:
+            results[f"{name}/stateful/{map_name}/plain"] = run(plain[name], data, rounds=6)
+            results[f"{name}/stateful/{map_name}/sharded"] = run(
+                shard[name], data, rounds=6, mesh=mesh
+            )
 
     # the pitfall: a gradient step inside shard_map WITHOUT pcast silently sums the gradient
     # of the replicated params over devices; local_train under ClientMap(mesh) does not
