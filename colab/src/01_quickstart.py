@@ -28,7 +28,7 @@ SMALL = False
 NUM_CLIENTS = 100
 NUM_ROUNDS = 30 if SMALL else 200
 EVAL_EVERY = 10 if SMALL else 20
-CLIPS = (0.3,) if SMALL else (0.1, 0.3, 1.0)  # clipping norms compared at the end
+CLIPS = (0.3,) if SMALL else (0.1, 0.3)  # clipping norms compared at the end
 
 # %% [markdown]
 # ## Federated data
