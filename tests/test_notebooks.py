@@ -73,6 +73,18 @@ def with_small_parameters(nb):
     return nb
 
 
+def this_interpreter_kernel(tmp_path, monkeypatch) -> str:
+    """A kernel spec that runs ipykernel with this very interpreter (whatever "python3" kernel
+    a user or system Jupyter installation may define), found first through JUPYTER_PATH."""
+    spec = tmp_path / "jupyter" / "kernels" / "fedjax-sim-test"
+    spec.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    kernel = {"argv": argv, "display_name": "fedjax_sim tests", "language": "python"}
+    (spec / "kernel.json").write_text(json.dumps(kernel))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    return spec.name
+
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs(name, tmp_path, monkeypatch):
     # the small runs are dominated by XLA's CPU compile time, which this flag halves (the
@@ -80,10 +92,11 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
     flags = os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
     monkeypatch.setenv("XLA_FLAGS", flags.strip())
     nb = with_small_parameters(load(name))
+    nb.cells.append(nbformat.v4.new_code_cell("import sys; print(sys.executable)", id="which"))
     client = nbclient.NotebookClient(
         nb,
         timeout=CELL_TIMEOUT_S,
-        kernel_name="python3",  # the kernel of this interpreter (ipykernel in the same env)
+        kernel_name=this_interpreter_kernel(tmp_path, monkeypatch),
         resources={"metadata": {"path": str(tmp_path)}},  # files it writes go to tmp_path
     )
     client.execute()  # raises CellExecutionError (with the traceback) if a cell fails
@@ -91,3 +104,4 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
     assert not [o for o in outputs if o.output_type == "error"]
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert images, f"{name} plotted nothing inline"
+    assert nb.cells[-1].outputs[0].text.strip() == sys.executable  # ran in this environment
