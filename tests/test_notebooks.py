@@ -82,6 +82,7 @@ def this_interpreter_kernel(tmp_path, monkeypatch) -> str:
     kernel = {"argv": argv, "display_name": "fedjax_sim tests", "language": "python"}
     (spec / "kernel.json").write_text(json.dumps(kernel))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))  # connection files
     return spec.name
 
 
