@@ -70,13 +70,12 @@ def s_fedavg(
     client_map: ClientMap = ClientMap(),
 ) -> Algorithm:
     """S-FedAvg: one synchronous round per `step`; the round lasts until its slowest client
-    completes (time in metrics["t"]).
+    completes (time in metrics["t"]). Other arguments as for `area`.
 
     Args:
       events: the client clocks (only `completion_times` is used); None: Bernoulli
         (`firing_probability`) for `num_clients` clients.
       cohort_size: Delta clients per round, uniform without replacement (None: all).
-      Other arguments as for `area`.
     """
     ev = make_events(events, num_clients, firing_probability, 1, None)
     c = ev.num_clients
