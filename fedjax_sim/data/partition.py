@@ -41,8 +41,13 @@ def _split_evenly(order: np.ndarray, num_clients: int) -> np.ndarray:
 
 
 def iid(labels: np.ndarray, num_clients: int, seed: Seed = 0) -> np.ndarray:
-    """Uniformly random, equal-size (+-1) split."""
+    """Uniformly random, equal-size (+-1) split (needs at least one example per client)."""
     labels = _check(labels, num_clients)
+    if num_clients > labels.size:
+        raise ValueError(
+            f"iid: {num_clients} clients but only {labels.size} examples; an equal split "
+            f"cannot leave clients empty (use dirichlet or fewer clients)"
+        )
     return _split_evenly(_rng(seed).permutation(labels.size), num_clients)
 
 
