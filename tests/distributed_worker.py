@@ -65,6 +65,15 @@ def stateful_algorithms(client_map):
     algorithms (AREA's per-client memory, FedBuff), all with 16 clients."""
     model = linear_regression(3)
     local = LocalSpec(epochs=2, batch_size=4)
+    events_kw = dict(
+        num_clients=16,
+        firing_probability=0.4,
+        delta=3,
+        capacity=7,
+        client_optimizer=0.05,
+        local=LocalSpec(steps=2, batch_size=4),
+        client_map=client_map,
+    )
     return {
         "scaffold": scaffold(
             model.loss,
@@ -74,26 +83,8 @@ def stateful_algorithms(client_map):
             cohort=CohortSpec(size=10),
             client_map=client_map,
         ),
-        "area": area(
-            model.loss,
-            num_clients=16,
-            firing_probability=0.4,
-            delta=3,
-            capacity=7,
-            client_optimizer=0.05,
-            local=LocalSpec(steps=2, batch_size=4),
-            client_map=client_map,
-        ),
-        "fedbuff": fedbuff(
-            model.loss,
-            num_clients=16,
-            firing_probability=0.4,
-            delta=3,
-            capacity=7,
-            client_optimizer=0.05,
-            local=LocalSpec(steps=2, batch_size=4),
-            client_map=client_map,
-        ),
+        "area": area(model.loss, **events_kw),
+        "fedbuff": fedbuff(model.loss, **events_kw),
     }
 
 

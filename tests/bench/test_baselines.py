@@ -111,7 +111,9 @@ def test_python_loop_baseline_matches_ours(problem):
 
 
 def test_torch_baseline_matches_ours(problem):
-    pytest.importorskip("torch", reason="torch is the optional extra 'peers' (not on CI)")
+    pytest.importorskip(
+        "torch", reason="torch is the optional extra 'peers' (the README test command installs it)"
+    )
     idx = baselines.batch_indices(problem["key"], COUNTS, W)
     peer = baselines.TorchFedAvg(
         W, problem["params"], problem["x"], problem["y"], COUNTS, threads=1
