@@ -94,7 +94,8 @@ def main() -> None:
     for n in args.devices:
         env = dict(os.environ)
         if env.get("JAX_PLATFORMS", "cpu") == "cpu" and n > 1:
-            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n}"
+            flags = env.get("XLA_FLAGS", "")
+            env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
         cmd = [sys.executable, __file__, "--worker-devices", str(n), *sys.argv[1:]]
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
         row = json.loads(out.stdout.strip().splitlines()[-1])
