@@ -48,6 +48,9 @@ class BenchConfig:
     `parallel.fit_client_map`), vmap, map (with --map-batch), auto (`ClientMap("auto")`)."""
     map_batch: int | None = None
     """Clients per chunk in map mode."""
+    devices: int | None = None
+    """Devices the engine shards the client axis over (CPU: host devices, one per core, set
+    in each measurement's process; baselines always run on one device)."""
     hparams: tuple[str, ...] = ()
     """Extra algorithm hyper-parameters key=value (given to factories that accept them)."""
     repeats: int = 3

@@ -18,7 +18,7 @@ import numpy as np
 from jax import lax
 
 from fedjax_sim.bench import baselines, measure
-from fedjax_sim.bench.workloads import Workload, build, model_flops
+from fedjax_sim.bench.workloads import Workload, build, make_algorithm, model_flops
 
 
 def _clients_per_step(metrics: dict[str, Any], w: Workload) -> float:
@@ -28,6 +28,13 @@ def _clients_per_step(metrics: dict[str, Any], w: Workload) -> float:
         if name in metrics:
             return float(np.asarray(metrics[name]))
     return float(w.clients)
+
+
+def _client_steps(metrics: dict[str, Any], w: Workload) -> float:
+    """Local steps done in the step: trained clients x their mean `local_steps` metric (e.g.
+    1 for FedSGD, fewer for stragglers), else `w.local_steps` each."""
+    steps = float(np.asarray(metrics["local_steps"])) if "local_steps" in metrics else None
+    return _clients_per_step(metrics, w) * (w.local_steps if steps is None else steps)
 
 
 def _sig(t: float) -> float:
@@ -50,9 +57,12 @@ def round_row(
     flops_method: str | None = None,
     xla_memory: int | None = None,
     extra: dict[str, Any] | None = None,
+    client_steps: float | None = None,
 ) -> dict[str, Any]:
-    """A `kind="round"` row (see `fedjax_sim.bench.results`)."""
+    """A `kind="round"` row (see `fedjax_sim.bench.results`). `client_steps`: local steps
+    done per round (default: the workload's clients x local steps)."""
     med = statistics.median(times)
+    client_steps = w.client_steps if client_steps is None else client_steps
     mem, source = measure.peak_memory()
     achieved = flops / med if flops is not None else None
     row = {
@@ -72,8 +82,8 @@ def round_row(
         "round_s": [_sig(t) for t in times],
         "round_s_median": _sig(med),
         "round_s_min": _sig(min(times)),
-        "client_steps_per_s": round(w.client_steps / med, 2),
-        "examples_per_s": round(w.examples / med, 2),
+        "client_steps_per_s": round(client_steps / med, 2),
+        "examples_per_s": round(client_steps * w.batch_size / med, 2),
         "flops_xla": flops,
         "flops_method": flops_method,
         "flops_model": model_flops(w),
@@ -122,7 +132,13 @@ def measure_engine(
     rss_before = measure.current_rss_bytes()
     t = measure.time_round(b.algorithm.step, b.state, b.data, b.key, repeats)
     count, method = None, None
-    if flops:
+    if flops and w.devices > 1:
+        # sharding does not change the arithmetic; scan bodies inside a shard_map cannot be
+        # compiled on their own (unbound axis name), so count the unsharded program
+        step = make_algorithm(w.replace(devices=1), b.data).step
+        count, method = measure.loop_aware_flops(step, b.state, b.data, b.key)
+        method += "; counted on the unsharded program"
+    elif flops:
         count, method = measure.loop_aware_flops(
             b.algorithm.step, b.state, b.data, b.key, compiled=t["compiled"]
         )
@@ -139,6 +155,7 @@ def measure_engine(
         flops=count,
         flops_method=method,
         xla_memory=measure.xla_memory_bytes(t["compiled"]),
+        client_steps=_client_steps(t["metrics"], w),
         extra={
             "rss_before_bytes": rss_before,
             "clients_per_step": _clients_per_step(t["metrics"], w),
@@ -156,7 +173,7 @@ def measure_loop(
 ) -> dict[str, Any]:
     """The per-client Python loop over a jitted client update (FedAvg only)."""
     peak = peak or measure.matmul_peak()
-    b = build(w.replace(algorithm="fedavg"))
+    b = build(w.replace(algorithm="fedavg", devices=1))
     run = baselines.loop_round(b.model, b.data, b.state.params, b.key, w)
     t = measure.time_calls(run, repeats)
     return round_row(
@@ -184,7 +201,7 @@ def measure_torch(
     if not baselines.torch_available():
         return skipped_row(suite, label, w, "torch not installed (pip install -e '.[peers]')")
     peak = peak or measure.matmul_peak()
-    b = build(w.replace(algorithm="fedavg"))
+    b = build(w.replace(algorithm="fedavg", devices=1))
     x, y, counts = (np.asarray(a) for a in (b.data.x, b.data.y, b.data.counts))
     peer = baselines.TorchFedAvg(w, jax.device_get(b.state.params), x, y, counts, threads=threads)
     del b, x, y

@@ -32,6 +32,7 @@ from fedjax_sim.bench.workloads import (
     Workload,
     abstract_data,
     data_bytes,
+    host_device_flags,
     make_algorithm,
     make_model,
     model_flops,
@@ -120,6 +121,9 @@ def run_isolated(spec: dict[str, Any], kill_bytes: int, timeout_s: float) -> dic
     root = os.path.dirname(os.path.dirname(os.path.abspath(fedjax_sim.__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    devices = int(spec["workload"].get("devices", 1))
+    if env.get("JAX_PLATFORMS", "cpu") == "cpu":  # host devices: a start-up flag of XLA:CPU
+        env["XLA_FLAGS"] = host_device_flags(devices, env.get("XLA_FLAGS", ""))
     cmd = [sys.executable, "-m", "fedjax_sim.bench.worker", json.dumps(spec)]
     with tempfile.TemporaryDirectory() as tmp:
         out_path, err_path = os.path.join(tmp, "out"), os.path.join(tmp, "err")
@@ -216,6 +220,7 @@ class Session:
                 "batch_size",
                 "per_client",
                 "map_batch",
+                "devices",
             )
             if getattr(cfg, k) is not None
         }

@@ -17,11 +17,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_sim import algorithms, models
+from fedjax_sim import algorithms, distributed, models
 from fedjax_sim.algorithms.core import Algorithm, CohortSpec, LocalSpec
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.base import Model
-from fedjax_sim.parallel import ClientMap
+from fedjax_sim.parallel import ClientMap, client_mesh
 
 CLIENT_LR = 0.05
 GEN_BLOCK = 4096  # clients generated at once by `make_data`
@@ -40,6 +40,9 @@ class Workload:
       mode, map_batch: client map ("vmap", "map" with `map_batch` clients per chunk, or
         "auto" = `ClientMap("auto")`).
       hparams: extra algorithm hyper-parameters (passed if the factory accepts them).
+      devices: devices the client axis is sharded over (`ClientMap(mesh=client_mesh(n))`);
+        on CPU these are host devices (`--xla_force_host_platform_device_count`), one per
+        core, which `bench` sets in each measurement's process (`host_device_flags`).
     """
 
     name: str = "custom"
@@ -55,11 +58,19 @@ class Workload:
     mode: str = "map"
     map_batch: int | None = 5
     hparams: tuple[tuple[str, Any], ...] = ()
+    devices: int = 1
 
     def __post_init__(self):
         if self.model not in ("mlp", "logistic"):
             raise ValueError(f"benchmark model must be 'mlp' or 'logistic', got {self.model!r}")
-        for field in ("input_dim", "num_classes", "clients", "local_steps", "batch_size"):
+        for field in (
+            "input_dim",
+            "num_classes",
+            "clients",
+            "local_steps",
+            "batch_size",
+            "devices",
+        ):
             if getattr(self, field) < 1:
                 raise ValueError(f"workload {field} must be >= 1, got {getattr(self, field)}")
         if self.per_client < 1:
@@ -86,9 +97,10 @@ class Workload:
 
     @property
     def mode_label(self) -> str:
-        if self.mode == "map":
-            return f"map(batch_size={self.map_batch or 'default'})"
-        return self.mode
+        label = (
+            f"map(batch_size={self.map_batch or 'default'})" if self.mode == "map" else self.mode
+        )
+        return label if self.devices == 1 else f"{label} over {self.devices} devices"
 
     def replace(self, **kw: Any) -> Workload:
         return dataclasses.replace(self, **kw)
@@ -212,10 +224,25 @@ def data_bytes(w: Workload) -> int:
     return w.clients * w.per_client * (4 * w.input_dim + 4) + 4 * w.clients
 
 
+def host_device_flags(devices: int, flags: str = "") -> str:
+    """`XLA_FLAGS` for a process that needs `devices` CPU devices (a start-up option)."""
+    if devices == 1 or "xla_force_host_platform_device_count" in flags:
+        return flags
+    return f"{flags} --xla_force_host_platform_device_count={devices}".strip()
+
+
 def client_map(w: Workload) -> ClientMap:
-    if w.mode == "map":
-        return ClientMap("map", w.map_batch)
-    return ClientMap(w.mode)
+    """The workload's client map; with `devices > 1`, sharded over a client mesh."""
+    mesh = None
+    if w.devices > 1:
+        if jax.device_count() < w.devices:
+            raise ValueError(
+                f"workload needs {w.devices} devices, this process has {jax.device_count()} "
+                "(on CPU start it with XLA_FLAGS=--xla_force_host_platform_device_count=N; "
+                "`fedjax-sim bench` does so in each measurement process)"
+            )
+        mesh = client_mesh(w.devices)
+    return ClientMap(w.mode, w.map_batch if w.mode == "map" else None, mesh=mesh)
 
 
 def algorithm_kwargs(w: Workload, data: FederatedData | None = None) -> dict[str, Any]:
@@ -279,6 +306,8 @@ def build(w: Workload, seed: int = 0) -> Built:
     alg = make_algorithm(w, data)
     key = jax.random.key(seed)
     state = alg.init(model.init(key), key)
+    if w.devices > 1:  # per-client data and state live sharded, as in a real sharded run
+        data, state = distributed.place((data, state), client_mesh(w.devices), w.clients)
     return Built(model, data, alg, state, key)
 
 
@@ -291,6 +320,7 @@ __all__ = [
     "build",
     "client_map",
     "data_bytes",
+    "host_device_flags",
     "dense_step_flops",
     "exact_round_matmul_flops",
     "make_algorithm",

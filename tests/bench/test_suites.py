@@ -9,7 +9,7 @@ import pytest
 
 from fedjax_sim import algorithms
 from fedjax_sim.algorithms import fedavg
-from fedjax_sim.bench import suites
+from fedjax_sim.bench import runner, suites
 from fedjax_sim.bench.config import BenchConfig
 from fedjax_sim.bench.results import read_rows, validate_row
 from fedjax_sim.bench.workloads import (
@@ -21,6 +21,8 @@ from fedjax_sim.bench.workloads import (
     preset,
 )
 from fedjax_sim.cli import main
+
+PEAK = {"matmul_n": 8, "peak_flops_per_s": 1e9}
 
 
 @pytest.fixture
@@ -176,3 +178,29 @@ def test_kernel_table_is_driven_by_the_registry(tmp_path, monkeypatch):
     for name in names:
         if name != "zz_new":
             make_algorithm(w.replace(algorithm=name), data)  # no missing hyper-parameter
+
+
+def test_devices_shard_the_engine_in_its_own_process_and_baselines_stay_on_one():
+    """`devices=2` on CPU: the measurement's process is started with two host devices and the
+    engine's client axis is sharded over them; in a one-device process the same workload is
+    refused with the fix named."""
+    w = preset("tiny-lr").replace(devices=2)
+    spec = {"task": "engine", "workload": w.describe(), "suite": "t", "label": "s", "peak_n": 64}
+    row = suites.run_isolated(spec, kill_bytes=4 * 2**30, timeout_s=300)
+    assert row["kind"] == "round", row.get("reason")
+    assert row["machine"]["device_count"] == 2
+    assert row["mode"].endswith("over 2 devices") and row["workload"]["devices"] == 2
+    assert row["flops_method"].endswith("counted on the unsharded program")
+    with pytest.raises(ValueError, match="needs 2 devices.*xla_force_host_platform"):
+        make_algorithm(w)
+    assert suites.host_device_flags(2, "--a") == "--a --xla_force_host_platform_device_count=2"
+    assert suites.host_device_flags(1, "--a") == "--a"
+
+
+def test_client_steps_count_the_local_steps_actually_taken():
+    """FedSGD takes one gradient per client whatever the workload's `local_steps`, so its
+    client-steps/s is clients / (s/round), not clients x local_steps / (s/round)."""
+    w = preset("tiny-lr").replace(algorithm="fedsgd", local_steps=7)
+    row = runner.measure_engine(w, repeats=3, suite="t", flops=False, peak=PEAK)
+    assert row["clients_per_step"] == w.clients
+    assert row["client_steps_per_s"] == pytest.approx(w.clients / row["round_s_median"], rel=1e-3)
