@@ -43,11 +43,19 @@ def cell(run: dict, ref: dict, target: float) -> str:
     return f"{100 * run['final_accuracy']:.2f} / {rounds}{sp}"
 
 
+def algo_order(name: str) -> tuple:
+    """FedAvg, then FedProx by alpha, then FedLPS by decreasing beta."""
+    kind, _, value = name.partition(" ")
+    rank = {"FedAvg": 0, "FedProx": 1, "FedLPS": 2}[kind]
+    x = float(value.split("=")[1]) if value else 0.0
+    return (rank, -x if kind == "FedLPS" else x)
+
+
 def table(results: dict) -> str:
     lines = []
     for name, res in results.items():
         cfg = res["config"]
-        settings = list(res["settings"])
+        settings = sorted(res["settings"])  # balanced, imbalanced
         lines.append(
             f"\n**{cfg['dataset']}, {cfg['model']}** (C={cfg['clients']}, E={cfg['epochs']}, "
             f"B={cfg['batch']}, gamma={cfg['lr']:g}, T={cfg['rounds']}, target "
@@ -56,12 +64,13 @@ def table(results: dict) -> str:
         )
         lines.append("| Algo | " + " | ".join(settings) + " |")
         lines.append("|---" * (len(settings) + 1) + "|")
-        algos = list(res["settings"][settings[0]]["runs"])
+        algos = sorted({a for s in settings for a in res["settings"][s]["runs"]}, key=algo_order)
         for algo in algos:
             cells = []
             for s in settings:
                 runs = res["settings"][s]["runs"]
-                cells.append(cell(runs[algo], runs["FedAvg"], cfg["target"]))
+                done = algo in runs and "FedAvg" in runs
+                cells.append(cell(runs[algo], runs["FedAvg"], cfg["target"]) if done else "-")
             lines.append(f"| {algo} | " + " | ".join(cells) + " |")
         del name
     return "\n".join(lines)
@@ -79,8 +88,10 @@ def curves(results: dict) -> list[str]:
         for row, res in zip(axes, items, strict=True):
             for ax in row[len(res["settings"]) :]:  # a run with fewer settings than columns
                 ax.axis("off")
-            for ax, (setting, rec) in zip(row, res["settings"].items(), strict=False):
-                for algo, run in rec["runs"].items():
+            for ax, setting in zip(row, sorted(res["settings"]), strict=False):
+                rec = res["settings"][setting]
+                for algo in sorted(rec["runs"], key=algo_order):
+                    run = rec["runs"][algo]
                     ax.plot(run["rounds"][1:], run["accuracy"][1:], label=algo, lw=1)
                 ax.axhline(res["config"]["target"], color="gray", ls=":", lw=0.8)
                 finals = [run["final_accuracy"] for run in rec["runs"].values()]

@@ -10,8 +10,11 @@ on the unseen test clients is recorded after every round.
 
     nice -n 10 python experiments/fedlps_table1.py --dataset fashion_mnist --model logistic
 
-writes experiments/results/fedlps/<dataset>_<model>.json; fedlps_report.py turns the JSON
-files into the README table and curves.
+writes experiments/results/fedlps/<dataset>_<model>.json after every finished cell (one
+algorithm in one setting); fedlps_report.py turns the JSON files into the README table and
+curves. If the JSON file exists and was made with the same configuration (everything but the
+settings, betas and FedProx alphas), its cells are kept and only the missing ones are run
+(`--fresh` starts over).
 """
 
 from __future__ import annotations
@@ -76,18 +79,54 @@ def torch_like_init(params, key):
     return out
 
 
-def run(args) -> dict:
+# config keys that may differ between runs merged into one JSON file
+_MERGEABLE = ("settings", "betas", "prox", "out", "fresh")
+
+
+def load_previous(path: str, config: dict) -> dict | None:
+    """The JSON of an earlier run with the same configuration (None if absent or different)."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        prev = json.load(f)
+    old = {"graph_features": "standardised", **prev["config"]}  # files from before the option
+    old = {k: v for k, v in old.items() if k not in _MERGEABLE}
+    new = {k: v for k, v in config.items() if k not in _MERGEABLE}
+    if old != new:
+        diff = {k: (old.get(k), new.get(k)) for k in old.keys() | new.keys()}
+        diff = {k: v for k, v in diff.items() if v[0] != v[1]}
+        raise ValueError(f"{path} was made with another configuration {diff}; use --fresh")
+    return prev
+
+
+def _union(a: list, b: list) -> list:
+    return list(a) + [v for v in b if v not in a]
+
+
+def run(args, path: str) -> dict:
     cfg = {**DEFAULTS[(args.dataset, args.model)]}
     for k in cfg:
         if getattr(args, k, None) is not None:
             cfg[k] = getattr(args, k)
+    config = {**vars(args), **cfg}
+    prev = None if args.fresh else load_previous(path, config)
+    out = {"config": config, "settings": {}}
+    if prev is not None:
+        for k in ("settings", "betas", "prox"):
+            config[k] = _union(prev["config"][k], config[k])
+        out["settings"] = prev["settings"]
+
+    def save() -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(out, f)
+
     xtr, ytr, xte, yte = load_pool(args.dataset, cfg["pool"], args.seed)
     make_model = {
         "logistic": lambda shape: logistic_regression(shape, 10, l2=args.l2),
         "mlp": lambda shape: mlp(shape, 10, hidden=(128,), l2=args.l2),
     }[args.model]
     settings = {"balanced": (0.0, 0.0), "imbalanced": (cfg["a"], 1.0)}
-    out = {"config": {**vars(args), **cfg}, "settings": {}}
     for setting in args.settings:
         a, b = settings[setting]
         ds = federate_unseen(
@@ -115,6 +154,10 @@ def run(args) -> dict:
             algos[f"FedProx a={alpha:g}"] = fedprox(model.loss, mu=alpha, cohort=weights, **common)
         for beta in args.betas:
             algos[f"FedLPS b={beta:g}"] = fedlps(model.loss, beta=beta, graph=graph, **common)
+        done = out["settings"].get(setting, {}).get("runs", {})
+        algos = {k: v for k, v in algos.items() if k not in done}
+        if not algos:
+            continue
         counts = np.asarray(ds.train.counts)
         rec = {
             "a": a,
@@ -125,8 +168,9 @@ def run(args) -> dict:
             "misalignment_median": float(
                 np.median(graph.misalignment[~np.eye(len(counts), dtype=bool)])
             ),
-            "runs": {},
+            "runs": done,
         }
+        out["settings"][setting] = rec
         for name, alg in algos.items():
             t0 = time.perf_counter()
             hist = simulate(
@@ -150,7 +194,7 @@ def run(args) -> dict:
                 f"({seconds:.0f} s)",
                 flush=True,
             )
-        out["settings"][setting] = rec
+            save()
     return out
 
 
@@ -159,7 +203,7 @@ def main() -> None:
     ap.add_argument("--dataset", choices=["digits", "fashion_mnist"], default="digits")
     ap.add_argument("--model", choices=["logistic", "mlp"], default="logistic")
     ap.add_argument("--settings", nargs="+", default=["balanced", "imbalanced"])
-    ap.add_argument("--betas", nargs="+", type=float, default=[0.9, 0.5, 0.1])
+    ap.add_argument("--betas", nargs="*", type=float, default=[0.9, 0.5, 0.1])
     ap.add_argument("--prox", nargs="*", type=float, default=[], help="FedProx alphas")
     ap.add_argument(
         "--graph-features",
@@ -174,13 +218,11 @@ def main() -> None:
     for k in ("lr", "a", "target"):
         ap.add_argument(f"--{k}", type=float)
     ap.add_argument("--out", default=None, help="JSON path (default results/fedlps/...)")
+    ap.add_argument("--fresh", action="store_true", help="ignore cells of an existing JSON")
     args = ap.parse_args()
-    result = run(args)
     suffix = "_rawgraph" if args.graph_features == "raw" else ""
     path = args.out or os.path.join(RESULTS, f"{args.dataset}_{args.model}{suffix}.json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(result, f)
+    run(args, path)
     print(f"wrote {path}")
 
 
