@@ -3,7 +3,8 @@
     PYTHONPATH=. python experiments/stepsizes_report.py [--dir experiments/results/stepsizes]
 
 Writes `curves.png` (test accuracy and training loss per schedule x partition) and `table.md`
-(final test accuracy / training loss / uploaded MB per run) into the results folder.
+(test accuracy / training loss at the last round K of every run and at the last round evaluated
+in every run, uploaded MB per run) into the results folder.
 """
 
 from __future__ import annotations
@@ -33,28 +34,41 @@ def load(directory: str) -> dict[str, dict]:
     return out
 
 
-def table(results: dict[str, dict]) -> str:
+def cell(run: dict | None, round_: int | None = None) -> str:
+    """`accuracy % / training loss` at `round_` (default: the last evaluation)."""
+    if run is None or (round_ is not None and round_ not in run["round"]):
+        return "-"
+    i = -1 if round_ is None else run["round"].index(round_)
+    return f"{100 * run['test_accuracy'][i]:.1f} / {run['train_loss'][i]:.3f}"
+
+
+def table(results: dict[str, dict], round_: int | None = None) -> str:
+    """One row per schedule x split: the last evaluation (round K) or the one at `round_`."""
     lines = [
-        "| schedule | split | " + " | ".join(ALGORITHMS) + " |",
-        "|---|---|" + "---|" * len(ALGORITHMS),
+        "| schedule | K | split | " + " | ".join(ALGORITHMS) + " |",
+        "|---|---|---|" + "---|" * len(ALGORITHMS),
     ]
     for name, res in results.items():
+        k = res["config"]["rounds"] if round_ is None else round_
         for part in PARTITIONS:
-            cells = []
-            for alg in ALGORITHMS:
-                run = res["runs"].get(f"{alg}|{part}")
-                cells.append(
-                    "-"
-                    if run is None
-                    else f"{100 * run['test_accuracy'][-1]:.1f} / {run['train_loss'][-1]:.3f}"
-                )
-            lines.append(f"| {name} | {part} | " + " | ".join(cells) + " |")
+            cells = [cell(res["runs"].get(f"{alg}|{part}"), round_) for alg in ALGORITHMS]
+            lines.append(f"| {name} | {k} | {part} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def common_round(results: dict[str, dict]) -> int:
+    """The last round evaluated in every run (to compare schedules run for different K)."""
+    rounds = [set(run["round"]) for res in results.values() for run in res["runs"].values()]
+    return max(set.intersection(*rounds))
+
+
+def uploads(results: dict[str, dict]) -> str:
     up = []
     for name, res in results.items():
         for key, run in res["runs"].items():
             if key.endswith("|IID"):
                 up.append(f"{name}/{key.split('|')[0]}: {run['bytes_up'] / 1e6:.1f} MB")
-    return "\n".join(lines) + "\n\nUploaded in total (IID runs): " + "; ".join(up) + "\n"
+    return "Uploaded in total (IID runs): " + "; ".join(up) + "\n"
 
 
 def plot(results: dict[str, dict], path: str) -> None:
@@ -87,7 +101,15 @@ def main() -> None:
     results = load(args.dir)
     if not results:
         raise SystemExit(f"no results in {args.dir}; run experiments/stepsizes_fmnist.py first")
-    md = table(results)
+    at = common_round(results)
+    md = (
+        "At the last round K of each run (test accuracy % / training loss):\n\n"
+        + table(results)
+        + f"\nAt round {at}, evaluated in every run:\n\n"
+        + table(results, at)
+        + "\n"
+        + uploads(results)
+    )
     with open(os.path.join(args.dir, "table.md"), "w") as f:
         f.write(md)
     plot(results, os.path.join(args.dir, "curves.png"))
