@@ -14,9 +14,11 @@ size is chosen from the grid by the smallest mean time-averaged log10 normalised
 Metric: (f(x_s(t)) - f*) / (f(0) - f*) on all training data (f* from L-BFGS on the pooled
 objective) and the test accuracy of x_s(t) on the 10k test set, against simulated time.
 
-    nice -n 10 python experiments/area_logistic.py --out experiments/results/area
-    nice -n 10 python experiments/area_logistic.py --local-steps 50 --grid 0.01 0.1 1 \
-        --seeds 1 --horizon 5 --out experiments/results/area
+Recorded run (experiments/README.md, ~10 min on 2 CPU cores):
+
+    nice -n 10 python experiments/area_logistic.py --train 12000 \
+        --grid 0.01 0.1 1 10 100 1000 --seeds 2 --horizon 20 --evals 40 \
+        --out experiments/results/area
 """
 
 from __future__ import annotations
