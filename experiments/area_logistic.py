@@ -14,9 +14,11 @@ size is chosen from the grid by the smallest mean time-averaged log10 normalised
 Metric: (f(x_s(t)) - f*) / (f(0) - f*) on all training data (f* from L-BFGS on the pooled
 objective) and the test accuracy of x_s(t) on the 10k test set, against simulated time.
 
-    nice -n 10 python experiments/area_logistic.py --out experiments/results/area
-    nice -n 10 python experiments/area_logistic.py --local-steps 50 --grid 0.01 0.1 1 \
-        --seeds 1 --horizon 5 --out experiments/results/area
+Recorded run (experiments/README.md, ~10 min on 2 CPU cores):
+
+    nice -n 10 python experiments/area_logistic.py --train 12000 \
+        --grid 0.01 0.1 1 10 100 1000 --seeds 2 --horizon 20 --evals 40 \
+        --out experiments/results/area
 """
 
 from __future__ import annotations
@@ -134,6 +136,22 @@ def expected_max_time(rates, size):
     return float(np.mean(draws))
 
 
+def at_times(t, err, acc, horizon):
+    """Median normalised loss and mean test accuracy over seeds at fixed simulated times
+    (last evaluation at or before the time; `[S, E]` inputs)."""
+    out = {}
+    for frac in (0.1, 0.25, 0.5, 1.0):
+        time_ = frac * horizon
+        idx = [max(int(np.searchsorted(ts, time_ * (1 + 1e-9), side="right")) - 1, 0) for ts in t]
+        e = [float(ei[i]) for ei, i in zip(err, idx, strict=True)]
+        a = [float(ai[i]) for ai, i in zip(acc, idx, strict=True)]
+        out[f"{time_:g}"] = {
+            "normalised_loss": float(np.median(e)),
+            "test_accuracy": float(np.mean(a)),
+        }
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=128)
@@ -166,7 +184,7 @@ def main() -> None:
         async_steps = int(args.horizon * rates.sum())
         sync_steps = int(1.2 * args.horizon / expected_max_time(rates, 4))
         for m in METHODS:
-            steps = sync_steps if m == "S-FedAvg" else async_steps
+            steps = max(sync_steps if m == "S-FedAvg" else async_steps, args.evals)
             loss, acc, t = simulate_method(
                 m, model, rates, args.grid, seeds, data, pooled, test, local, steps, args.evals
             )
@@ -183,6 +201,7 @@ def main() -> None:
                 "final_test_accuracy": float(np.mean(acc[a][:, -1])),
                 "best_test_accuracy": float(np.mean(acc[a].max(1))),
                 "time_reached": float(t[a][:, -1].min()),
+                "at_time": at_times(t[a], err[a], acc[a], args.horizon),
             }
             print(
                 f"{setting:11s} {m:9s} alpha={args.grid[a]:g} "

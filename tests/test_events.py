@@ -24,7 +24,10 @@ def run_engine(events, iterations, seed=0):
         tick = events.draw(state, jax.random.fold_in(jax.random.key(seed + 1), k))
         return events.advance(state, tick), (state, tick)
 
-    _, (before, ticks) = jax.jit(lambda s: jax.lax.scan(body, s, jnp.arange(iterations)))(state)
+    scan = lambda s: jax.lax.scan(body, s, jnp.arange(iterations))
+    # LLVM -O0: same IEEE results, less compile time (see algorithms/_async_reference.py)
+    fast = {"xla_backend_optimization_level": 0}
+    _, (before, ticks) = jax.jit(scan, compiler_options=fast)(state)
     return jax.device_get(before), jax.device_get(ticks)
 
 

@@ -1,6 +1,8 @@
 """AREA against the spec's eager iterate form, closed forms and the paper's theory
 (spec area_async.md, Section 8)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -241,17 +243,42 @@ def test_permanent_dropout_converges_to_predicted_biased_point(x64):
     assert np.linalg.norm(predicted - problem.optimum(np.full(n, 1 / n))) > 1e-2
 
 
+SPARSE = least_squares(num_clients=16, examples_per_client=6, dim=3, seed=8)
+SPARSE_ARRIVALS = Arrivals.bernoulli(np.linspace(0.02, 0.08, 16))
+
+
+def sparse_area(capacity="auto"):
+    """AREA with stochastic K = 2 local steps on 16 sparsely firing clients."""
+    events = Events(SPARSE_ARRIVALS, Aggregation.every(3), capacity=capacity)
+    return area(
+        linear_regression(3).loss,
+        events=events,
+        client_optimizer=0.05,
+        local=LocalSpec(steps=2, batch_size=3),
+        init_mode="paper",
+    )
+
+
+@functools.cache
+def shared_sparse_area():
+    """One instance, so that the two tests below share its compiled scan (`run` caches by
+    algorithm, length and `collect`)."""
+    return sparse_area()
+
+
+def _whole_state(state):
+    return state
+
+
+def run_sparse(alg, key):
+    """80 jitted iterations; collects the whole state `[T, ...]` (16 clients x 3: small)."""
+    return run(alg, SPARSE.data, {"w": jnp.zeros(3)}, 80, key, _whole_state)
+
+
 def test_capacity_compacted_step_equals_full_masked_step(x64):
-    problem = least_squares(num_clients=16, examples_per_client=6, dim=3, seed=8)
-    common = dict(client_optimizer=0.05, local=LocalSpec(steps=2, batch_size=3), init_mode="paper")
-    arrivals = Arrivals.bernoulli(np.linspace(0.02, 0.08, 16))
-    compacted = Events(arrivals, Aggregation.every(3))
-    full = Events(arrivals, Aggregation.every(3), capacity=None)
-    assert compacted.slots < 16 and full.slots == 16
-    outs = []
-    for events in (compacted, full):
-        alg = area(linear_regression(3).loss, events=events, **common)
-        outs.append(run(alg, problem.data, {"w": jnp.zeros(3)}, 80, jax.random.key(4)))
+    assert Events(SPARSE_ARRIVALS, Aggregation.every(3)).slots < 16
+    assert Events(SPARSE_ARRIVALS, Aggregation.every(3), capacity=None).slots == 16
+    outs = [run_sparse(alg, jax.random.key(4)) for alg in (shared_sparse_area(), sparse_area(None))]
     (s1, m1, _), (s2, m2, _) = outs
     assert m1["overflow"].sum() == 0 and m1["fired"].sum() > 40
     np.testing.assert_array_equal(m1["fired"], m2["fired"])
@@ -261,30 +288,27 @@ def test_capacity_compacted_step_equals_full_masked_step(x64):
         np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-14)
 
 
-def _params_and_memory(state):
-    return state.params["w"], state.memory["w"]
-
-
 def test_same_key_bit_identical_and_jit_equals_eager(x64):
-    events = Events(Arrivals.categorical(np.linspace(1.0, 2.0, 6)), Aggregation.every(2))
-    make = lambda: area(
-        MODEL.loss, events=events, client_optimizer=0.05, local=LocalSpec(steps=2, batch_size=2)
-    )
-    key = jax.random.key(9)
-    alg = make()
-    a, _, path = run(alg, PROBLEM.data, {"w": jnp.asarray(X0)}, 40, key, _params_and_memory)
-    b, _, _ = run(make(), PROBLEM.data, {"w": jnp.asarray(X0)}, 40, key)  # fresh trace
+    alg, key = shared_sparse_area(), jax.random.key(4)
+    a, _, path = run_sparse(alg, key)
+    b, _, _ = run(sparse_area(), SPARSE.data, {"w": jnp.zeros(3)}, 80, key)  # fresh trace
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(x, y)
-    c, _, _ = run(
-        alg, PROBLEM.data, {"w": jnp.asarray(X0)}, 40, jax.random.key(10), _params_and_memory
-    )
+    c, _, _ = run_sparse(alg, jax.random.key(10))
     assert not np.array_equal(w(a), w(c))  # another key, another trajectory
-    state = alg.init({"w": jnp.asarray(X0)}, key)
-    for _ in range(2):
-        state, _ = alg.step(state, PROBLEM.data, key)  # no jit (eager is slow: 2 steps)
-    np.testing.assert_allclose(state.params["w"], path[0][1], rtol=1e-14, atol=1e-15)
-    np.testing.assert_allclose(state.memory["w"], path[1][1], rtol=1e-14, atol=1e-15)
+    # no jit (eager is slow: one step) from the jitted state at iteration j, where the next
+    # iteration delivers computed local work (memory moves) and aggregates (x_s moves)
+    mem, x_s = path.memory["w"], path.params["w"]
+    moves = [
+        t
+        for t in range(len(x_s) - 1)
+        if not np.array_equal(mem[t], mem[t + 1]) and not np.array_equal(x_s[t], x_s[t + 1])
+    ]
+    assert moves
+    j = moves[0]
+    state, _ = alg.step(jax.tree.map(lambda v: jnp.asarray(v[j]), path), SPARSE.data, key)
+    for x, y in zip(jax.tree.leaves(state), jax.tree.leaves(path), strict=True):
+        np.testing.assert_allclose(x, y[j + 1], rtol=1e-14, atol=1e-15)
 
 
 def test_sample_size_weighting_reaches_example_weighted_optimum(x64):
@@ -371,6 +395,6 @@ def test_bad_hyper_parameters_raise(kwargs, message):
 
 def test_wrong_number_of_clients_raises():
     alg = area(MODEL.loss, num_clients=4)
-    state = alg.init({"w": jnp.zeros(3)}, jax.random.key(0))
+    state = jax.eval_shape(alg.init, {"w": jnp.zeros(3)}, jax.random.key(0))
     with pytest.raises(ValueError, match="6 clients but the events model has 4"):
-        alg.step(state, PROBLEM.data, jax.random.key(0))
+        jax.eval_shape(alg.step, state, PROBLEM.data, jax.random.key(0))  # raised when traced
