@@ -249,6 +249,9 @@ def suite_round(s: Session) -> list[dict]:
 def suite_baselines(s: Session) -> list[dict]:
     w = s.main_workload().replace(algorithm="fedavg")
     rows = [s.measure("engine", w, "baselines", f"fedjax_sim {w.mode_label}")]
+    if w.devices > 1:  # the same engine on one device, side by side
+        one = w.replace(devices=1)
+        rows.append(s.measure("engine", one, "baselines", f"fedjax_sim {one.mode_label}"))
     fitted = fit(w, s.budget)
     if fitted.mode_label != w.mode_label:
         rows.append(

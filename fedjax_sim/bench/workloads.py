@@ -114,9 +114,10 @@ class Workload:
 
 
 PRESETS: dict[str, Workload] = {
-    # the W1: FedAvg, 1000 clients x 10 steps x batch 32, MLP 784-200-200-10
-    "W1": Workload("W1"),
-    "W1-100": Workload("W1-100", clients=100),
+    # the W1: FedAvg, 1000 clients x 10 steps x batch 32, MLP 784-200-200-10; one
+    # client per map step is its fastest CPU mode (benchmarks/README.md, "modes" suite)
+    "W1": Workload("W1", map_batch=1),
+    "W1-100": Workload("W1-100", clients=100, map_batch=1),
     # multinomial logistic regression on FedProx-Synthetic-sized data (60 features, 10 classes)
     "LR": Workload(
         "LR", model="logistic", input_dim=60, per_client=20, batch_size=10, map_batch=256
