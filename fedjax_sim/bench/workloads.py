@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from fedjax_sim import algorithms, distributed, models
 from fedjax_sim.algorithms.core import Algorithm, CohortSpec, LocalSpec
@@ -24,7 +25,7 @@ from fedjax_sim.models.base import Model
 from fedjax_sim.parallel import ClientMap, client_mesh
 
 CLIENT_LR = 0.05
-GEN_BLOCK = 4096  # clients generated at once by `make_data`
+GEN_BLOCK_BYTES = 64 * 2**20  # data generated at once by `make_data`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,21 +194,39 @@ def make_model(w: Workload) -> Model:
 def make_data(w: Workload, seed: int = 0) -> FederatedData:
     """Random data generated on device (no host copy): `x [C, N, d]` uniform in [0, 1),
     `y [C, N]` uniform labels; client i's rows depend only on `(seed, i)`."""
-    x, y = _generate(jax.random.key(seed), w.clients, w.per_client, w.input_dim, w.num_classes)
+    block = max(1, min(w.clients, GEN_BLOCK_BYTES // (4 * w.per_client * (w.input_dim + 1))))
+    x, y = _generate(
+        jax.random.key(seed), w.clients, w.per_client, w.input_dim, w.num_classes, block
+    )
     counts = jnp.full((w.clients,), w.per_client, jnp.int32)
     return FederatedData(x=x, y=y, counts=counts, num_classes=w.num_classes)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
-def _generate(key, clients, per_client, dim, classes):
-    def one(k):
-        kx, ky = jax.random.split(k)
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
+def _generate(key, clients, per_client, dim, classes, block):
+    def one(i):
+        kx, ky = jax.random.split(jax.random.fold_in(key, i))
         x = jax.random.uniform(kx, (per_client, dim), jnp.float32)
         return x, jax.random.randint(ky, (per_client,), 0, classes, jnp.int32)
 
-    # in blocks of clients, so that the peak is the data itself, not 2x (random bits)
-    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(clients))
-    return jax.lax.map(one, keys, batch_size=min(clients, GEN_BLOCK))
+    # written block by block into the output (in place in the loop), so the peak is the data
+    # itself plus one block; the last block is shifted back to end at the last client (rows
+    # it overlaps are regenerated with the same values: each depends only on its client id)
+
+    def body(b, xy):
+        start = jnp.minimum(b * block, clients - block)
+        bx, by = jax.vmap(one)(start + jnp.arange(block))
+        x, y = xy
+        return (
+            lax.dynamic_update_slice_in_dim(x, bx, start, 0),
+            lax.dynamic_update_slice_in_dim(y, by, start, 0),
+        )
+
+    out = (
+        jnp.zeros((clients, per_client, dim), jnp.float32),
+        jnp.zeros((clients, per_client), jnp.int32),
+    )
+    return lax.fori_loop(0, -(-clients // block), body, out)
 
 
 def abstract_data(w: Workload) -> FederatedData:

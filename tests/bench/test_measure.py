@@ -180,3 +180,19 @@ def test_matmul_peak_and_machine_info():
     info = measure.machine_info()
     assert info["backend"] == jax.default_backend() and info["cpu_count"] >= 1
     assert np.isfinite(info["load_avg_1m"])
+
+
+@pytest.mark.parametrize("block_bytes", [10**9, 4 * 3 * 13 * 2])  # one block; 2 clients each
+def test_generated_rows_depend_only_on_the_client_id(monkeypatch, block_bytes):
+    """Blocked generation (the last block shifted back over rows already written) gives each
+    client the rows of the one-client-at-a-time reference `one(fold_in(key, i))`."""
+    from fedjax_sim.bench import workloads
+
+    monkeypatch.setattr(workloads, "GEN_BLOCK_BYTES", block_bytes)
+    w = Workload(model="logistic", input_dim=12, num_classes=3, clients=5, per_client=3)
+    data = workloads.make_data(w, seed=4)
+    key = jax.random.key(4)
+    for i in range(w.clients):
+        kx, ky = jax.random.split(jax.random.fold_in(key, i))
+        np.testing.assert_array_equal(data.x[i], jax.random.uniform(kx, (3, 12), jnp.float32))
+        np.testing.assert_array_equal(data.y[i], jax.random.randint(ky, (3,), 0, 3, jnp.int32))
