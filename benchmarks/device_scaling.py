@@ -74,6 +74,8 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    from fedjax_sim.distributed import host_device_flags  # JAX starts in the children
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--clients", type=int, default=1000)
@@ -93,9 +95,8 @@ def main() -> None:
     rows = []
     for n in args.devices:
         env = dict(os.environ)
-        if env.get("JAX_PLATFORMS", "cpu") == "cpu" and n > 1:
-            flags = env.get("XLA_FLAGS", "")
-            env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+        if env.get("JAX_PLATFORMS", "cpu") == "cpu":
+            env["XLA_FLAGS"] = host_device_flags(n, env.get("XLA_FLAGS", ""))
         cmd = [sys.executable, __file__, "--worker-devices", str(n), *sys.argv[1:]]
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
         row = json.loads(out.stdout.strip().splitlines()[-1])

@@ -188,9 +188,9 @@ def _setup_devices(cfg: RunConfig):
         any(os.environ.get(v) for v in distributed.ENV.values())
     )
     if cfg.devices and cfg.devices > 1 and not multi and "JAX_PLATFORMS" not in os.environ:
-        flag = f"--xla_force_host_platform_device_count={cfg.devices}"
-        if flag not in os.environ.get("XLA_FLAGS", ""):
-            os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+        os.environ["XLA_FLAGS"] = distributed.host_device_flags(
+            cfg.devices, os.environ.get("XLA_FLAGS", "")
+        )
     if multi:
         distributed.initialize(cfg.coordinator, cfg.num_processes, cfg.process_id)
     if not multi and not (cfg.devices and cfg.devices > 1):

@@ -30,6 +30,15 @@ ENV = {
 }
 
 
+def host_device_flags(devices: int, flags: str = "") -> str:
+    """`XLA_FLAGS` (extending `flags`) for a CPU process with `devices` host devices: a
+    start-up option, set before JAX initialises its backend (or in a child's environment)."""
+    flag = f"--xla_force_host_platform_device_count={devices}"
+    if devices == 1 or flag in flags:
+        return flags
+    return f"{flags} {flag}".strip()
+
+
 def initialize(
     coordinator_address: str | None = None,
     num_processes: int | None = None,

@@ -24,7 +24,7 @@ from typing import Any
 import jax
 
 import fedjax_sim
-from fedjax_sim import algorithms
+from fedjax_sim import algorithms, distributed
 from fedjax_sim.bench import measure, plots, report, runner, worker
 from fedjax_sim.bench.config import SUITES, BenchConfig
 from fedjax_sim.bench.results import validate_row, write_rows
@@ -32,7 +32,6 @@ from fedjax_sim.bench.workloads import (
     Workload,
     abstract_data,
     data_bytes,
-    host_device_flags,
     make_algorithm,
     make_model,
     model_flops,
@@ -123,7 +122,7 @@ def run_isolated(spec: dict[str, Any], kill_bytes: int, timeout_s: float) -> dic
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     devices = int(spec["workload"].get("devices", 1))
     if env.get("JAX_PLATFORMS", "cpu") == "cpu":  # host devices: a start-up flag of XLA:CPU
-        env["XLA_FLAGS"] = host_device_flags(devices, env.get("XLA_FLAGS", ""))
+        env["XLA_FLAGS"] = distributed.host_device_flags(devices, env.get("XLA_FLAGS", ""))
     cmd = [sys.executable, "-m", "fedjax_sim.bench.worker", json.dumps(spec)]
     with tempfile.TemporaryDirectory() as tmp:
         out_path, err_path = os.path.join(tmp, "out"), os.path.join(tmp, "err")

@@ -43,7 +43,8 @@ class Workload:
       hparams: extra algorithm hyper-parameters (passed if the factory accepts them).
       devices: devices the client axis is sharded over (`ClientMap(mesh=client_mesh(n))`);
         on CPU these are host devices (`--xla_force_host_platform_device_count`), one per
-        core, which `bench` sets in each measurement's process (`host_device_flags`).
+        core, which `bench` sets in each measurement's process
+        (`distributed.host_device_flags`).
     """
 
     name: str = "custom"
@@ -194,7 +195,7 @@ def make_model(w: Workload) -> Model:
 def make_data(w: Workload, seed: int = 0) -> FederatedData:
     """Random data generated on device (no host copy): `x [C, N, d]` uniform in [0, 1),
     `y [C, N]` uniform labels; client i's rows depend only on `(seed, i)`."""
-    block = max(1, min(w.clients, GEN_BLOCK_BYTES // (4 * w.per_client * (w.input_dim + 1))))
+    block = max(1, min(w.clients, GEN_BLOCK_BYTES * w.clients // data_bytes(w)))
     x, y = _generate(
         jax.random.key(seed), w.clients, w.per_client, w.input_dim, w.num_classes, block
     )
@@ -212,7 +213,6 @@ def _generate(key, clients, per_client, dim, classes, block):
     # written block by block into the output (in place in the loop), so the peak is the data
     # itself plus one block; the last block is shifted back to end at the last client (rows
     # it overlaps are regenerated with the same values: each depends only on its client id)
-
     def body(b, xy):
         start = jnp.minimum(b * block, clients - block)
         bx, by = jax.vmap(one)(start + jnp.arange(block))
@@ -242,13 +242,6 @@ def abstract_data(w: Workload) -> FederatedData:
 
 def data_bytes(w: Workload) -> int:
     return w.clients * w.per_client * (4 * w.input_dim + 4) + 4 * w.clients
-
-
-def host_device_flags(devices: int, flags: str = "") -> str:
-    """`XLA_FLAGS` for a process that needs `devices` CPU devices (a start-up option)."""
-    if devices == 1 or "xla_force_host_platform_device_count" in flags:
-        return flags
-    return f"{flags} --xla_force_host_platform_device_count={devices}".strip()
 
 
 def client_map(w: Workload) -> ClientMap:
@@ -340,7 +333,6 @@ __all__ = [
     "build",
     "client_map",
     "data_bytes",
-    "host_device_flags",
     "dense_step_flops",
     "exact_round_matmul_flops",
     "make_algorithm",

@@ -21,6 +21,7 @@ from fedjax_sim.bench.workloads import (
     preset,
 )
 from fedjax_sim.cli import main
+from fedjax_sim.distributed import host_device_flags
 
 PEAK = {"matmul_n": 8, "peak_flops_per_s": 1e9}
 
@@ -193,8 +194,8 @@ def test_devices_shard_the_engine_in_its_own_process_and_baselines_stay_on_one()
     assert row["flops_method"].endswith("counted on the unsharded program")
     with pytest.raises(ValueError, match="needs 2 devices.*xla_force_host_platform"):
         make_algorithm(w)
-    assert suites.host_device_flags(2, "--a") == "--a --xla_force_host_platform_device_count=2"
-    assert suites.host_device_flags(1, "--a") == "--a"
+    assert host_device_flags(2, "--a") == "--a --xla_force_host_platform_device_count=2"
+    assert host_device_flags(1, "--a") == "--a"
 
 
 def test_client_steps_count_the_local_steps_actually_taken():
