@@ -28,23 +28,23 @@ from fedjax_sim.algorithms.core import (
 from fedjax_sim.algorithms.dro_baselines import dr_dsgd, drfa
 from fedjax_sim.algorithms.fedadam import adam_without_bias_correction, fedadam_reddi
 from fedjax_sim.algorithms.fedavg import (
-    ServerState,
     fedadagrad,
     fedadam,
     fedavg,
     fedavgm,
+    fednova,
     fedopt,
+    fedprox,
     fedsgd,
     fedyogi,
-    server_optimizer,
+    named_server_optimizer,
 )
 from fedjax_sim.algorithms.fedbuff import as_fedavg, fedasync, fedbuff
-from fedjax_sim.algorithms.fedcm import fedcm
+from fedjax_sim.algorithms.fedcm import fedcm, mofedsam
 from fedjax_sim.algorithms.feddyn import feddyn
 from fedjax_sim.algorithms.fedlps import fedlps
 from fedjax_sim.algorithms.fedmim import fedmim
-from fedjax_sim.algorithms.fedprox import fedprox
-from fedjax_sim.algorithms.fedsam import fedsam, mofedsam
+from fedjax_sim.algorithms.fedsam import fedsam
 from fedjax_sim.algorithms.fgdro import fgdro_cvar, fgdro_kl, fgdro_kl_adam, local_adam
 from fedjax_sim.algorithms.fixed_point import ef_fedavg, ef_fedprox, fp_fedavg, fp_fedprox
 from fedjax_sim.algorithms.mifa import mifa
@@ -101,8 +101,9 @@ register("fgdro_kl", fgdro_kl, "FGDRO-KL: KL-regularised group DRO (Guo & Yang 2
 register("fgdro_kl_adam", fgdro_kl_adam, "FGDRO-KL-Adam: FGDRO-KL with local Adam steps.")
 register("local_adam", local_adam, "LocalAdam: Adam-type local steps, averaged moments (ERM).")
 register("drfa", drfa, "DRFA: distributionally robust FedAvg (Deng et al. 2020).")
-register("dr_dsgd", dr_dsgd, "DR-DSGD, federated: exp(l/mu)-weighted local SGD (Issaid et al.).")
+register("dr_dsgd", dr_dsgd, "DR-DSGD, federated: exp(l/t)-weighted local SGD (Issaid et al.).")
 register("fedlps", fedlps)
+register("fednova", fednova)
 
 
 def describe(name: str) -> str:
@@ -137,7 +138,6 @@ __all__ = [
     "CohortSpec",
     "LocalResult",
     "LocalSpec",
-    "ServerState",
     "Stragglers",
     "accepted_kwargs",
     "adam_without_bias_correction",
@@ -156,6 +156,7 @@ __all__ = [
     "fedcm",
     "feddyn",
     "fedmim",
+    "fednova",
     "diminishing",
     "fedasync",
     "fedbuff",
@@ -181,7 +182,7 @@ __all__ = [
     "scaffold",
     "s_fedavg",
     "sample_size_scale",
-    "server_optimizer",
+    "named_server_optimizer",
     "server_update",
     "weighted_mean",
 ]

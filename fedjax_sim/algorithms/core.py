@@ -442,6 +442,31 @@ class CohortResult(NamedTuple):
     total_weight: jax.Array
 
 
+def map_weighted_sum(
+    client_fn: Callable[..., tuple[Any, Any]],
+    ids: jax.Array,
+    weights: jax.Array,
+    *inputs: Any,
+    client_map: ClientMap = ClientMap(),
+) -> tuple[Any, jax.Array, Any]:
+    """Runs `client_fn(client_id, *inputs_i) -> (summand, output)` over the cohort and returns
+    `(sum_i w_i summand_i, sum_i w_i, stacked outputs)`; the sum is accumulated without
+    materialising `[M, d]` in `map` mode."""
+
+    def weighted(cid, w, *xs):
+        summand, out = client_fn(cid, *xs)
+        return (jax.tree.map(lambda s: s * w, summand), w), out
+
+    (total, total_w), outs = client_map.map_sum(weighted, ids, weights, *inputs)
+    return total, total_w, outs
+
+
+def mean_of_total(total: Any, total_weight: jax.Array) -> Any:
+    """`total / total_weight` (zeros when the weight is 0)."""
+    scale = jnp.where(total_weight > 0, 1.0 / jnp.where(total_weight > 0, total_weight, 1.0), 0.0)
+    return jax.tree.map(lambda s: s * scale, total)
+
+
 def map_cohort(
     client_fn: Callable[..., tuple[Any, Any]],
     ids: jax.Array,
@@ -452,14 +477,10 @@ def map_cohort(
     """Runs `client_fn(client_id, *inputs_i) -> (summand, output)` over the cohort and returns
     the `weights`-weighted mean of the summands (accumulated without materialising `[M, d]`
     in `map` mode) and the stacked outputs."""
-
-    def weighted(cid, w, *xs):
-        summand, out = client_fn(cid, *xs)
-        return (jax.tree.map(lambda s: s * w, summand), w), out
-
-    (total, total_w), outs = client_map.map_sum(weighted, ids, weights, *inputs)
-    scale = jnp.where(total_w > 0, 1.0 / jnp.where(total_w > 0, total_w, 1.0), 0.0)
-    return CohortResult(jax.tree.map(lambda s: s * scale, total), outs, total_w)
+    total, total_w, outs = map_weighted_sum(
+        client_fn, ids, weights, *inputs, client_map=client_map
+    )
+    return CohortResult(mean_of_total(total, total_w), outs, total_w)
 
 
 def server_update(

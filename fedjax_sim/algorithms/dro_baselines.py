@@ -36,18 +36,17 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from fedjax_sim.algorithms.compose import Options, preset, synchronous
 from fedjax_sim.algorithms.core import (
     COHORT,
     EXTRA,
     LOCAL,
     Algorithm,
-    ClientOptimizer,
     CohortSpec,
     GradFn,
     LocalSpec,
     LossFn,
     Params,
-    Stragglers,
     client_key,
     float_dtype,
     local_train,
@@ -58,7 +57,7 @@ from fedjax_sim.algorithms.core import (
     tree_norm,
     tree_sub,
 )
-from fedjax_sim.algorithms.fedavg import local_update_round
+from fedjax_sim.algorithms.hooks import tilted
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.events import sample_cohort
 from fedjax_sim.parallel import ClientMap
@@ -244,44 +243,18 @@ def drfa(
 
 
 # ------------------------------------------------------------------------------ DR-DSGD
-def dr_dsgd_grad_fn(mu: float) -> GradFn:
-    """Local-step hook of DR-DSGD: direction `(1/mu) exp(l/mu) grad l` (minibatch plug-in)."""
-
-    def grad_fn(value_and_grad, params, batch, aux):
-        loss, grads = value_and_grad(params, batch)
-        weight = jnp.exp(loss / mu) / mu
-        return loss, jax.tree.map(lambda g: weight.astype(g.dtype) * g, grads), aux
-
-    return grad_fn
-
-
-def dr_dsgd(
-    loss_fn: LossFn,
-    *,
-    mu: float = 2.0,
-    learning_rate: ClientOptimizer = 0.01,
-    local: LocalSpec = LocalSpec(steps=32, batch_size=32),
-    cohort: CohortSpec = CohortSpec(),
-    client_map: ClientMap = ClientMap(),
-) -> Algorithm:
-    """DR-DSGD (Issaid et al. 2022), federated: local steps `w -= eta (1/mu) exp(l/mu) grad l`,
-    uniform averaging every I = `local.steps` steps (payload d per client, up and down).
-
-    Args:
-      mu: KL temperature (> 0; the paper's theory assumes mu > 1).
-      learning_rate: eta (a float, or any `client_optimizer` accepted by `fedavg`).
-    """
-    if not mu > 0:
-        raise ValueError(f"DR-DSGD mu must be > 0, got {mu}")
-    if cohort.weighting == "counts":
-        raise ValueError("DR-DSGD averages clients uniformly: use weighting='uniform'")
-    return local_update_round(
-        loss_fn,
-        client_optimizer=learning_rate,
-        server_optimizer=1.0,
-        local=local,
-        cohort=dataclasses.replace(cohort, weighting="uniform"),
-        stragglers=Stragglers(),
-        client_map=client_map,
-        make_grad_fn=lambda _: dr_dsgd_grad_fn(mu),
-    )
+@preset(
+    client_optimizer=0.01,
+    local=LocalSpec(steps=32, batch_size=32),
+    cohort=CohortSpec(weighting="uniform"),
+)
+def dr_dsgd(loss_fn: LossFn, *, temperature: float = 2.0, options: Options) -> Algorithm:
+    """DR-DSGD (Issaid et al. 2022), federated: local steps `w -= eta (1/t) exp(l/t) grad l`
+    with t = `temperature` (> 0; the paper's mu, its theory assumes > 1), uniform averaging
+    every I = `local.steps` steps (payload d per client, up and down)."""
+    cohort = options.cohort
+    if isinstance(cohort, CohortSpec):
+        if cohort.weighting == "counts":
+            raise ValueError("DR-DSGD averages clients uniformly: use weighting='uniform'")
+        cohort = dataclasses.replace(cohort, weighting="uniform")
+    return synchronous(loss_fn, dataclasses.replace(options, cohort=cohort), tilted(temperature))

@@ -6,8 +6,7 @@ FedAvg; the server runs Adam on the mean client update Delta_t WITHOUT bias corr
     x_{t+1} = x_t + eta_g m / (sqrt(v) + tau)
 
 with m = v = 0 at init. `adam_without_bias_correction` is that server step as an optax
-`GradientTransformation` (applied to the pseudo-gradient `-Delta_t`, as every server optimizer
-of `fedavg.local_update_round`).
+`GradientTransformation` (applied to the pseudo-gradient `-Delta_t`, as every server optimizer).
 
 Difference from the registry's `fedadam` (= `fedopt(server="adam")`, i.e. `optax.adam`):
 optax divides m and v by `1 - b^t` (bias correction). Without it, round t's step equals
@@ -21,24 +20,15 @@ authors' group's FL-Simulator code's defaults).
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_sim.algorithms.core import (
-    Algorithm,
-    CohortSpec,
-    LocalSpec,
-    LossFn,
-    Params,
-    Stragglers,
-)
-from fedjax_sim.algorithms.fedavg import local_update_round
-from fedjax_sim.parallel import ClientMap
-from fedjax_sim.schedules import LearningRate, client_sgd
+from fedjax_sim.algorithms.compose import Options, check_number, positive, preset, synchronous
+from fedjax_sim.algorithms.core import Algorithm, LossFn, Params
 
 
 class AdamNoBiasCorrectionState(NamedTuple):
@@ -47,18 +37,16 @@ class AdamNoBiasCorrectionState(NamedTuple):
 
 
 def adam_without_bias_correction(
-    learning_rate: float, b1: float = 0.9, b2: float = 0.99, tau: float = 0.01
+    learning_rate: float, b1: float = 0.9, b2: float = 0.99, eps: float = 0.01
 ) -> optax.GradientTransformation:
-    """Adam without bias correction, `tau` outside the square root (Reddi et al. Alg. 2):
-    `m <- b1 m + (1-b1) g; v <- b2 v + (1-b2) g^2; update = -lr m / (sqrt(v) + tau)`."""
-    for name, value, ok in [
-        ("learning_rate", learning_rate, learning_rate > 0),
-        ("b1", b1, 0 <= b1 < 1),
-        ("b2", b2, 0 <= b2 < 1),
-        ("tau", tau, tau > 0),
-    ]:
-        if not (math.isfinite(value) and ok):
-            raise ValueError(f"server Adam {name} out of range: {value}")
+    """Adam without bias correction, `eps` (Reddi et al.'s tau) outside the square root
+    (Reddi et al. Alg. 2): `m <- b1 m + (1-b1) g; v <- b2 v + (1-b2) g^2;
+    update = -lr m / (sqrt(v) + eps)`."""
+    positive("server Adam learning_rate", learning_rate)
+    check_number("server Adam b1", b1, lambda v: 0 <= v < 1, "in [0, 1)")
+    check_number("server Adam b2", b2, lambda v: 0 <= v < 1, "in [0, 1)")
+    positive("server Adam eps", eps)
+    tau = eps
 
     def init(params):
         zeros = jax.tree.map(jnp.zeros_like, params)
@@ -74,34 +62,18 @@ def adam_without_bias_correction(
     return optax.GradientTransformation(init, update)
 
 
+@preset(server_optimizer=0.1)
 def fedadam_reddi(
     loss_fn: LossFn,
     *,
-    server_lr: float = 0.1,
     b1: float = 0.9,
     b2: float = 0.99,
-    tau: float = 0.01,
-    client_lr: LearningRate = 0.1,
-    weight_decay: float = 0.0,
-    local: LocalSpec = LocalSpec(),
-    cohort: CohortSpec = CohortSpec(),
-    client_map: ClientMap = ClientMap(),
+    eps: float = 0.01,
+    options: Options,
 ) -> Algorithm:
-    """FedAdam without bias correction (Reddi et al. Alg. 2; the FedMIM paper's baseline).
-
-    Args:
-      loss_fn: `loss_fn(params, batch)`, e.g. `model.loss`.
-      server_lr, b1, b2, tau: server Adam (`adam_without_bias_correction`).
-      client_lr: local SGD learning rate, a float or a per-round schedule.
-      weight_decay: decay added to the local direction (`optax.add_decayed_weights`).
-      local, cohort, client_map: local work, participation, mapping.
-    """
-    return local_update_round(
-        loss_fn,
-        client_optimizer=client_sgd(client_lr, weight_decay),
-        server_optimizer=adam_without_bias_correction(server_lr, b1, b2, tau),
-        local=local,
-        cohort=cohort,
-        stragglers=Stragglers(),
-        client_map=client_map,
-    )
+    """FedAdam without bias correction (Reddi et al. Alg. 2; the FedMIM paper's baseline):
+    `server_optimizer` is its learning rate eta_g (a float), `eps` its tau."""
+    opt = options.server_optimizer
+    if not isinstance(opt, optax.GradientTransformation):
+        opt = adam_without_bias_correction(opt, b1, b2, eps)
+    return synchronous(loss_fn, dataclasses.replace(options, server_optimizer=opt))

@@ -8,9 +8,9 @@ without Data Similarity" (IEEE Trans. Big Data 2024); spec
 Round k with schedule value `s_k` (`fedjax_sim.schedules`): every client applies a local
 operator from the broadcast model, `x_i^k = T_{s_k F_i}^T(x^k)`, and the server averages,
 `x^{k+1} = x^k + sum_i w_i (x_i^k - x^k)` (delta form, equal to the paper's mean of models in
-exact arithmetic). With a compressor, clients run error feedback (`ErrorFeedback`):
-`u_i = x_i^k - x^k + e_i`, upload `Q(u_i)`, keep `e_i <- u_i - Q(u_i)`. All of it is
-`local_update_round` (fedavg.py) configured by a `LocalOperator`:
+exact arithmetic). With a compressor, clients run error feedback (the `error_feedback`
+aggregator): `u_i = x_i^k - x^k + e_i`, upload `Q(u_i)`, keep `e_i <- u_i - Q(u_i)`. All of
+it is `compose` configured by a `LocalOperator` (local work, client step, hooks):
 
 - `local_sgd`: T local SGD steps, fresh minibatch each, lr `s_k / T` (`divide_by_T=True`, the
   theory) or `s_k` (`False`, the authors' experiments).
@@ -41,23 +41,19 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import optax
 from jax.flatten_util import ravel_pytree
 
-from fedjax_sim.algorithms.core import (
-    Algorithm,
-    CohortSpec,
-    GradFn,
-    LocalSpec,
-    LossFn,
-    Params,
-    Sampling,
-    Stragglers,
+from fedjax_sim.algorithms.compose import (
+    LocalHook,
+    Options,
+    error_feedback,
+    positive,
+    preset,
+    synchronous,
 )
-from fedjax_sim.algorithms.fedavg import local_update_round
-from fedjax_sim.algorithms.fedprox import proximal_grad_fn
-from fedjax_sim.compression import Compressor, ErrorFeedback, make
-from fedjax_sim.parallel import ClientMap
+from fedjax_sim.algorithms.core import Algorithm, CohortSpec, LocalSpec, LossFn, Sampling
+from fedjax_sim.algorithms.hooks import proximal
+from fedjax_sim.compression import Compressor, make
 from fedjax_sim.schedules import Schedule, constant
 
 StepSize = float | Schedule
@@ -65,18 +61,19 @@ StepSize = float | Schedule
 
 @dataclasses.dataclass(frozen=True)
 class LocalOperator:
-    """`T_{sF_i}^T` as a configuration of `local_train`.
+    """`T_{sF_i}^T` as client work: local loop, client step and hooks, all functions of the
+    round's step size `s_k`.
 
     Attributes:
       local: the local loop (steps, minibatch size, sampling).
-      optimizer: `s_k -> client optimizer` for the round.
-      make_grad_fn: optional `(x^k, s_k) -> grad_fn` hook (proximal term, exact prox).
+      client_lr: `s_k -> client learning rate` (SGD).
+      hooks: `s -> hooks`, with `s` the schedule of the round (e.g. the proximal term 1/s_k).
       name: for messages.
     """
 
     local: LocalSpec
-    optimizer: Callable[[jax.Array], optax.GradientTransformation]
-    make_grad_fn: Callable[[Params, jax.Array], GradFn] | None = None
+    client_lr: Callable[[jax.Array], jax.Array]
+    hooks: Callable[[Schedule], tuple[LocalHook, ...]] = lambda schedule: ()
     name: str = "operator"
 
 
@@ -91,7 +88,7 @@ def local_sgd(
     `eta = s_k / T` (`divide_by_T`, theory) or `s_k` (the authors' experiments)."""
     local = LocalSpec(steps=steps, batch_size=batch_size, sampling=sampling)
     scale = 1.0 / steps if divide_by_T else 1.0
-    return LocalOperator(local, lambda s: optax.sgd(s * scale), None, "local_sgd")
+    return LocalOperator(local, lambda s: s * scale, name="local_sgd")
 
 
 def inexact_prox(
@@ -104,32 +101,30 @@ def inexact_prox(
     """FedProx's operator solved inexactly: J = `inner_steps` GD steps on ONE minibatch xi,
     `y <- y - lr (grad F_i(y; xi) + (y - x^k) / s_k)`, `lr = min(inner_lr, s_k)` if
     `cap_inner_lr` else `inner_lr` (spec 7.2)."""
-    if not inner_lr > 0:
-        raise ValueError(f"inner_lr must be > 0, got {inner_lr}")
+    positive("inner_lr", inner_lr)
     local = LocalSpec(steps=inner_steps, batch_size=batch_size, sampling="fixed")
-
-    def optimizer(s):
-        return optax.sgd(jnp.minimum(inner_lr, s) if cap_inner_lr else inner_lr)
-
+    lr = (lambda s: jnp.minimum(inner_lr, s)) if cap_inner_lr else (lambda s: inner_lr)
     return LocalOperator(
-        local, optimizer, lambda anchor, s: proximal_grad_fn(anchor, 1.0 / s), "inexact_prox"
+        local, lr, lambda schedule: (proximal(lambda r: 1.0 / schedule(r)),), "inexact_prox"
     )
 
 
-def exact_prox_grad_fn(step: jax.Array) -> GradFn:
+def exact_prox_step(schedule: Schedule) -> LocalHook:
     """Hook whose direction is `x - prox_{s F}(x) = s (I + s H)^{-1} grad F(x)` for the
-    minibatch loss F (exact when F is quadratic); with `optax.sgd(1)` one local step lands on
-    the prox point. `H` is the `[d, d]` Hessian of F: meant for small models."""
+    minibatch loss F and the round's step `s = schedule(round)` (exact when F is quadratic);
+    with `optax.sgd(1)` one local step lands on the prox point. `H` is the `[d, d]` Hessian
+    of F: meant for small models."""
 
-    def grad_fn(value_and_grad, params, batch, aux):
+    def direction(value_and_grad, params, batch, carry, ctx):
+        step = schedule(ctx.round)
         loss, grads = value_and_grad(params, batch)
         flat, unravel = ravel_pytree(params)
         grad_flat = ravel_pytree(grads)[0]
         hess = jax.jacfwd(lambda v: ravel_pytree(value_and_grad(unravel(v), batch)[1])[0])(flat)
         system = jnp.eye(flat.shape[0], dtype=hess.dtype) + step * hess
-        return loss, unravel(step * jnp.linalg.solve(system, grad_flat)), aux
+        return loss, unravel(step * jnp.linalg.solve(system, grad_flat)), carry
 
-    return grad_fn
+    return LocalHook("exact_prox", direction)
 
 
 def exact_prox(batch_size: int | None = None) -> LocalOperator:
@@ -140,7 +135,7 @@ def exact_prox(batch_size: int | None = None) -> LocalOperator:
     else:
         local = LocalSpec(steps=1, batch_size=batch_size, sampling="fixed")
     return LocalOperator(
-        local, lambda s: optax.sgd(1.0), lambda anchor, s: exact_prox_grad_fn(s), "exact_prox"
+        local, lambda s: 1.0, lambda schedule: (exact_prox_step(schedule),), "exact_prox"
     )
 
 
@@ -149,8 +144,31 @@ def as_schedule(step_size: StepSize) -> Schedule:
     if isinstance(step_size, (int, float)):
         return constant(float(step_size))
     if not callable(step_size):
-        raise ValueError(f"step_size must be a float or a schedule, got {step_size!r}")
+        raise ValueError(f"step size must be a float or a schedule, got {step_size!r}")
     return step_size
+
+
+def _operator_algorithm(
+    loss_fn: LossFn,
+    operator: LocalOperator,
+    options: Options,
+    compressor: Compressor | None,
+) -> Algorithm:
+    """Algorithm 1 (no `compressor`) or 2 (error feedback) with `operator` and the schedule
+    `options.client_optimizer` (`s_k`)."""
+    schedule = as_schedule(options.client_optimizer)
+    aggregator = options.aggregator
+    if compressor is not None:
+        if options.num_clients is None:
+            raise ValueError("error feedback needs num_clients (rows of the error memory)")
+        aggregator = error_feedback(compressor, aggregator)
+    o = dataclasses.replace(
+        options,
+        client_optimizer=lambda r: operator.client_lr(schedule(r)),
+        local=operator.local,
+        aggregator=aggregator,
+    )
+    return synchronous(loss_fn, o, *operator.hooks(schedule))
 
 
 def fixed_point(
@@ -160,33 +178,19 @@ def fixed_point(
     step_size: StepSize,
     compressor: Compressor | None = None,
     num_clients: int | None = None,
-    cohort: CohortSpec = CohortSpec(weighting="uniform"),
-    server_optimizer: float | optax.GradientTransformation = 1.0,
-    client_map: ClientMap = ClientMap(),
+    **options,
 ) -> Algorithm:
     """Algorithm 1 (`compressor=None`) or Algorithm 2 (error feedback with `compressor`, per-
     client error memory for `num_clients` clients) with local `operator` and schedule
-    `step_size` (`s_k`, a float or `fedjax_sim.schedules` schedule of the round)."""
-    schedule = as_schedule(step_size)
-    uplink = None
-    if compressor is not None:
-        if num_clients is None:
-            raise ValueError("error feedback needs num_clients (rows of the error memory)")
-        uplink = ErrorFeedback(compressor, num_clients)
-    make_round_grad_fn = None
-    if operator.make_grad_fn is not None:
-        make_round_grad_fn = lambda anchor, r: operator.make_grad_fn(anchor, schedule(r))
-    return local_update_round(
-        loss_fn,
-        client_optimizer=lambda r: operator.optimizer(schedule(r)),
-        server_optimizer=server_optimizer,
-        local=operator.local,
-        cohort=cohort,
-        stragglers=Stragglers(),
-        client_map=client_map,
-        make_round_grad_fn=make_round_grad_fn,
-        uplink=uplink,
+    `step_size` (`s_k`, a float or `fedjax_sim.schedules` schedule of the round); `options`
+    are `compose.Options` (default uniform weighting, as the paper)."""
+    o = dataclasses.replace(
+        Options(cohort=CohortSpec(weighting="uniform")),
+        client_optimizer=step_size,
+        num_clients=num_clients,
+        **options,
     )
+    return _operator_algorithm(loss_fn, operator, o, compressor)
 
 
 # ------------------------------------------------------------------------------ named algorithms
@@ -206,97 +210,81 @@ def _prox_operator(
     return inexact_prox(inner_steps, inner_lr, batch_size or 64, cap_inner_lr=cap_inner_lr)
 
 
-def fp_fedavg(
-    loss_fn: LossFn,
-    *,
-    step_size: StepSize = 0.1,
-    local: LocalSpec = LocalSpec(steps=30, batch_size=64),
-    divide_by_T: bool = True,
-    cohort: CohortSpec = CohortSpec(weighting="uniform"),
-    client_map: ClientMap = ClientMap(),
-) -> Algorithm:
-    """Full-precision FedAvg of Beikmohammadi et al. (Alg. 1): T = local.steps SGD steps with
-    lr s_k/T (or s_k), s_k from a step-size schedule."""
+def _sgd_operator(local: LocalSpec, divide_by_T: bool, name: str) -> LocalOperator:
     if local.epochs is not None:
-        raise ValueError("fp_fedavg runs a fixed number of local steps T; set local.steps")
-    op = local_sgd(local.steps, local.batch_size, divide_by_T=divide_by_T, sampling=local.sampling)
-    return fixed_point(
-        loss_fn, operator=op, step_size=step_size, cohort=cohort, client_map=client_map
-    )
+        raise ValueError(f"{name} runs a fixed number of local steps T; set local.steps")
+    steps, batch = local.steps, local.batch_size
+    return local_sgd(steps, batch, divide_by_T=divide_by_T, sampling=local.sampling)
 
 
+FIXED_POINT = dict(
+    client_optimizer=0.1,
+    local=LocalSpec(steps=30, batch_size=64),
+    cohort=CohortSpec(weighting="uniform"),
+)
+
+
+@preset(fixed=("weight_decay",), **FIXED_POINT)
+def fp_fedavg(loss_fn: LossFn, *, divide_by_T: bool = True, options: Options) -> Algorithm:
+    """Full-precision FedAvg of Beikmohammadi et al. (Alg. 1): T = local.steps SGD steps with
+    lr s_k/T (or s_k); `client_optimizer` is the step size s_k (a float or a schedule)."""
+    op = _sgd_operator(options.local, divide_by_T, "fp_fedavg")
+    return _operator_algorithm(loss_fn, op, options, None)
+
+
+@preset(fixed=("local", "weight_decay"), **FIXED_POINT)
 def fp_fedprox(
     loss_fn: LossFn,
     *,
-    step_size: StepSize = 0.1,
     inner_steps: int = 30,
     inner_lr: float = 0.1,
     batch_size: int | None = 64,
     cap_inner_lr: bool = True,
     exact: bool = False,
-    cohort: CohortSpec = CohortSpec(weighting="uniform"),
-    client_map: ClientMap = ClientMap(),
+    options: Options,
 ) -> Algorithm:
     """Full-precision FedProx of Beikmohammadi et al. (Alg. 1): one prox_{s_k F_i(.; xi)} per
-    round (inner GD solver, or `exact=True` closed form for quadratic losses)."""
+    round with s_k = `client_optimizer` (inner GD solver, or `exact=True` closed form for
+    quadratic losses)."""
     op = _prox_operator(inner_steps, inner_lr, batch_size, cap_inner_lr, exact)
-    return fixed_point(
-        loss_fn, operator=op, step_size=step_size, cohort=cohort, client_map=client_map
-    )
+    return _operator_algorithm(loss_fn, op, options, None)
 
 
+@preset(fixed=("weight_decay",), **FIXED_POINT)
 def ef_fedavg(
     loss_fn: LossFn,
     *,
     num_clients: int,
     compressor: Compressor | str = "top_k",
     compression_fraction: float = 0.01,
-    step_size: StepSize = 0.1,
-    local: LocalSpec = LocalSpec(steps=30, batch_size=64),
     divide_by_T: bool = True,
-    cohort: CohortSpec = CohortSpec(weighting="uniform"),
-    client_map: ClientMap = ClientMap(),
+    options: Options,
 ) -> Algorithm:
     """Error-feedback FedAvg (Alg. 2 of Beikmohammadi et al.): compressed (top-1% by default)
-    uploads with per-client error memory."""
-    if local.epochs is not None:
-        raise ValueError("ef_fedavg runs a fixed number of local steps T; set local.steps")
-    op = local_sgd(local.steps, local.batch_size, divide_by_T=divide_by_T, sampling=local.sampling)
-    return fixed_point(
-        loss_fn,
-        operator=op,
-        step_size=step_size,
-        compressor=_compressor(compressor, compression_fraction),
-        num_clients=num_clients,
-        cohort=cohort,
-        client_map=client_map,
+    uploads with per-client error memory (around `aggregator`, the mean by default)."""
+    op = _sgd_operator(options.local, divide_by_T, "ef_fedavg")
+    return _operator_algorithm(
+        loss_fn, op, options, _compressor(compressor, compression_fraction)
     )
 
 
+@preset(fixed=("local", "weight_decay"), **FIXED_POINT)
 def ef_fedprox(
     loss_fn: LossFn,
     *,
     num_clients: int,
     compressor: Compressor | str = "top_k",
     compression_fraction: float = 0.01,
-    step_size: StepSize = 0.1,
     inner_steps: int = 30,
     inner_lr: float = 0.1,
     batch_size: int | None = 64,
     cap_inner_lr: bool = True,
     exact: bool = False,
-    cohort: CohortSpec = CohortSpec(weighting="uniform"),
-    client_map: ClientMap = ClientMap(),
+    options: Options,
 ) -> Algorithm:
     """Error-feedback FedProx (Alg. 2 of Beikmohammadi et al.): one prox per round, compressed
     (top-1% by default) uploads with per-client error memory."""
     op = _prox_operator(inner_steps, inner_lr, batch_size, cap_inner_lr, exact)
-    return fixed_point(
-        loss_fn,
-        operator=op,
-        step_size=step_size,
-        compressor=_compressor(compressor, compression_fraction),
-        num_clients=num_clients,
-        cohort=cohort,
-        client_map=client_map,
+    return _operator_algorithm(
+        loss_fn, op, options, _compressor(compressor, compression_fraction)
     )

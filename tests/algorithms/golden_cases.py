@@ -18,7 +18,8 @@ import optax
 from fedjax_sim import algorithms as A
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec, Stragglers
 from fedjax_sim.algorithms.similarity import similarity_graph
-from fedjax_sim.compression import ErrorFeedback, TopK
+from fedjax_sim.algorithms.compose import error_feedback
+from fedjax_sim.compression import TopK
 from fedjax_sim.data import least_squares
 from fedjax_sim.events import Aggregation, Arrivals, Events
 from fedjax_sim.models import linear_regression
@@ -85,10 +86,11 @@ def _cases():
             client_optimizer=0.05,
             local=L3,
             cohort=COH,
-            uplink=ErrorFeedback(TopK(k=2), C),
+            aggregator=error_feedback(TopK(k=2)),
+            num_clients=C,
         ),
-        "fedsgd": lambda: A.fedsgd(loss, learning_rate=0.05, cohort=COH),
-        "fedsgd_batch": lambda: A.fedsgd(loss, learning_rate=0.05, batch_size=4, cohort=COH),
+        "fedsgd": lambda: A.fedsgd(loss, server_optimizer=0.05, cohort=COH),
+        "fedsgd_batch": lambda: A.fedsgd(loss, server_optimizer=0.05, batch_size=4, cohort=COH),
         "fedprox": lambda: A.fedprox(
             loss,
             mu=0.3,
@@ -97,66 +99,66 @@ def _cases():
             cohort=COH,
             stragglers=Stragglers(0.5, "partial"),
         ),
-        "fedopt_adam": lambda: A.fedopt(loss, server_lr=0.05, client_optimizer=0.05, local=L3),
-        "fedavgm": lambda: A.fedavgm(loss, server_lr=0.5, client_optimizer=0.05, local=L3),
-        "fedadam": lambda: A.fedadam(loss, server_lr=0.05, client_optimizer=0.05, local=L3),
-        "fedyogi": lambda: A.fedyogi(loss, server_lr=0.05, client_optimizer=0.05, local=L3),
-        "fedadagrad": lambda: A.fedadagrad(loss, server_lr=0.05, client_optimizer=0.05, local=L3),
+        "fedopt_adam": lambda: A.fedopt(loss, server_optimizer=0.05, client_optimizer=0.05, local=L3),
+        "fedavgm": lambda: A.fedavgm(loss, server_optimizer=0.5, client_optimizer=0.05, local=L3),
+        "fedadam": lambda: A.fedadam(loss, server_optimizer=0.05, client_optimizer=0.05, local=L3),
+        "fedyogi": lambda: A.fedyogi(loss, server_optimizer=0.05, client_optimizer=0.05, local=L3),
+        "fedadagrad": lambda: A.fedadagrad(loss, server_optimizer=0.05, client_optimizer=0.05, local=L3),
         "fedadam_reddi": lambda: A.fedadam_reddi(
-            loss, server_lr=0.05, client_lr=0.05, weight_decay=0.01, local=L3, cohort=COH
+            loss, server_optimizer=0.05, client_optimizer=0.05, weight_decay=0.01, local=L3, cohort=COH
         ),
-        "fedmim": lambda: A.fedmim(loss, client_lr=0.05, local=L3, cohort=COH),
+        "fedmim": lambda: A.fedmim(loss, client_optimizer=0.05, local=L3, cohort=COH),
         "fedmim_decay": lambda: A.fedmim(
             loss,
-            alpha=(0.3,),
-            beta=(0.5,),
-            client_lr=round_decay(0.05, 0.9),
+            momentum=(0.3,),
+            lookahead=(0.5,),
+            client_optimizer=round_decay(0.05, 0.9),
             weight_decay=0.01,
             local=L3,
         ),
-        "fedcm": lambda: A.fedcm(loss, alpha=0.3, client_lr=0.05, local=L3, cohort=COH),
+        "fedcm": lambda: A.fedcm(loss, momentum=0.75, client_optimizer=0.05, local=L3, cohort=COH),
         "fedcm_server_lr": lambda: A.fedcm(
-            loss, alpha=0.3, client_lr=round_decay(0.05, 0.9), server_lr=0.7, local=L3
+            loss, momentum=0.75, client_optimizer=round_decay(0.05, 0.9), server_optimizer=0.7, local=L3
         ),
         "scaffold": lambda: A.scaffold(
-            loss, num_clients=C, client_lr=0.05, server_lr=0.8, local=L3, cohort=COH
+            loss, num_clients=C, client_optimizer=0.05, server_optimizer=0.8, local=L3, cohort=COH
         ),
         "scaffold_bernoulli_epochs": lambda: A.scaffold(
             loss,
             num_clients=C,
-            client_lr=round_decay(0.05, 0.9),
+            client_optimizer=round_decay(0.05, 0.9),
             local=LocalSpec(epochs=1.0, batch_size=4),
             cohort=CohortSpec(size=4, sampling="bernoulli", probability=0.5),
             client_map=MAP,
         ),
         "feddyn": lambda: A.feddyn(
-            loss, num_clients=C, alpha=0.2, client_lr=0.05, local=L3, cohort=COH
+            loss, num_clients=C, regularization=0.2, client_optimizer=0.05, local=L3, cohort=COH
         ),
         "feddyn_bernoulli": lambda: A.feddyn(
             loss,
             num_clients=C,
-            alpha=0.2,
-            client_lr=0.05,
+            regularization=0.2,
+            client_optimizer=0.05,
             weight_decay=0.01,
             local=L3,
             cohort=CohortSpec(sampling="bernoulli", probability=0.4),
         ),
-        "fedsam": lambda: A.fedsam(loss, rho=0.05, client_lr=0.05, local=L3, cohort=COH),
+        "fedsam": lambda: A.fedsam(loss, rho=0.05, client_optimizer=0.05, local=L3, cohort=COH),
         "mofedsam": lambda: A.mofedsam(
-            loss, alpha=0.3, rho=0.05, client_lr=0.05, local=L3, cohort=COH
+            loss, momentum=0.75, rho=0.05, client_optimizer=0.05, local=L3, cohort=COH
         ),
         "fp_fedavg": lambda: A.fp_fedavg(
-            loss, step_size=diminishing(0.2, 0.51), local=LocalSpec(steps=3, batch_size=4)
+            loss, client_optimizer=diminishing(0.2, 0.51), local=LocalSpec(steps=3, batch_size=4)
         ),
         "fp_fedprox": lambda: A.fp_fedprox(
-            loss, step_size=0.2, inner_steps=3, inner_lr=0.05, batch_size=4
+            loss, client_optimizer=0.2, inner_steps=3, inner_lr=0.05, batch_size=4
         ),
-        "fp_fedprox_exact": lambda: A.fp_fedprox(loss, step_size=0.2, exact=True),
+        "fp_fedprox_exact": lambda: A.fp_fedprox(loss, client_optimizer=0.2, exact=True),
         "ef_fedavg": lambda: A.ef_fedavg(
             loss,
             num_clients=C,
             compression_fraction=0.5,
-            step_size=0.2,
+            client_optimizer=0.2,
             local=LocalSpec(steps=3, batch_size=4),
             cohort=CohortSpec(size=4, weighting="uniform"),
         ),
@@ -164,7 +166,7 @@ def _cases():
             loss,
             num_clients=C,
             compression_fraction=0.5,
-            step_size=0.2,
+            client_optimizer=0.2,
             inner_steps=3,
             inner_lr=0.05,
             batch_size=4,
@@ -234,8 +236,8 @@ def _cases():
         ),
         "dr_dsgd": lambda: A.dr_dsgd(
             loss,
-            mu=5.0,
-            learning_rate=0.02,
+            temperature=5.0,
+            client_optimizer=0.02,
             local=L3,
             cohort=CohortSpec(size=4, weighting="uniform"),
         ),
