@@ -462,9 +462,10 @@ class Aggregator(NamedTuple):
     wrapping an `inner` aggregator, plus per-client memory).
 
     Attributes:
-      init: `(params, num_clients) -> (server state, per-client rows [C, ...] or None)`.
-      encode: `(update, row, key, server) -> (sent, new row)`: one client's transform before
-        sending (compression, clipping, noise...), inside the client map.
+      init: `(params, num_clients) -> (server state, {name: per-client rows [C, ...]})`.
+      encode: `(update, rows, key, server) -> (sent, new rows)`: one client's transform
+        before sending (compression, clipping, noise...), inside the client map; `rows` is
+        the client's row of each named memory.
       reduce: `(server, total, weight, stacked, weights, key) -> (update, server, metrics)`:
         from `total = sum_i w_i sent_i` and `weight = sum_i w_i` (and, when `stacked`, the
         sent updates `[M, ...]` with their weights `[M]`) to the server's update.
@@ -473,18 +474,26 @@ class Aggregator(NamedTuple):
         otherwise the sum is fused into the client map and `[M, d]` never exists.
     """
 
-    init: Callable[[Params, int], tuple[Any, Any]]
-    encode: Callable[[Params, Any, jax.Array, Any], tuple[Params, Any]]
+    init: Callable[[Params, int], tuple[Any, dict[str, Any]]]
+    encode: Callable[[Params, dict[str, Any], jax.Array, Any], tuple[Params, dict[str, Any]]]
     reduce: Callable[..., tuple[Params, Any, Metrics]]
     payload: Callable[[Params], float]
     stacked: bool = False
 
 
+@struct.dataclass
+class AggregatorState:
+    """The aggregator's server state and its named per-client memories `{name: [C, ...]}`."""
+
+    server: Any
+    rows: dict[str, Any]
+
+
 def mean() -> Aggregator:
     """The weighted mean `sum_i w_i Delta_i / sum_i w_i` (FedAvg's aggregation)."""
     return Aggregator(
-        init=lambda params, num_clients: (None, None),
-        encode=lambda update, row, key, server: (update, row),
+        init=lambda params, num_clients: (None, {}),
+        encode=lambda update, rows, key, server: (update, rows),
         reduce=lambda server, total, weight, stacked, weights, key: (
             mean_of_total(total, weight),
             server,
@@ -494,25 +503,43 @@ def mean() -> Aggregator:
     )
 
 
-def _wrap(inner: Aggregator, encode, init_row=None, payload=None) -> Aggregator:
+def wrap(
+    inner: Aggregator,
+    encode: Callable[[Params, Any, jax.Array], tuple[Params, Any]],
+    *,
+    name: str | None = None,
+    init_row: Callable[[Params], Any] | None = None,
+    payload: Callable[[Params], float] | None = None,
+) -> Aggregator:
     """An aggregator that transforms each client's update with `encode(update, row, key) ->
-    (update, row)` (own per-client row from `init_row(params)`, or None) before `inner`."""
+    (update, row)` before `inner` (TFF's wrapping factories). With `init_row`, the wrapper
+    keeps a per-client memory named `name` (zeros shaped like `init_row(params)`; `row` is
+    None otherwise); the inner aggregator gets `fold_in(key, 1)`."""
+    if init_row is not None and not name:
+        raise ValueError("an aggregator with per-client memory needs a name")
 
     def init(params, num_clients):
-        server, inner_rows = inner.init(params, num_clients)
-        rows = None
+        server, rows = inner.init(params, num_clients)
         if init_row is not None:
-            rows = jax.tree.map(
-                lambda r: jnp.zeros((num_clients, *jnp.shape(r)), jnp.result_type(r)),
-                init_row(params),
-            )
-        return server, (rows, inner_rows)
+            if name in rows:
+                raise ValueError(f"two aggregator memories are named {name!r}")
+            rows = {
+                **rows,
+                name: jax.tree.map(
+                    lambda r: jnp.zeros((num_clients, *jnp.shape(r)), jnp.result_type(r)),
+                    init_row(params),
+                ),
+            }
+        return server, rows
 
-    def enc(update, row, key, server):
-        own, inner_row = row
+    def enc(update, rows, key, server):
+        own = rows.get(name) if init_row is not None else None
         update, own = encode(update, own, key)
-        sent, inner_row = inner.encode(update, inner_row, jax.random.fold_in(key, 1), server)
-        return sent, (own, inner_row)
+        inner_rows = {k: v for k, v in rows.items() if k != name or init_row is None}
+        sent, inner_rows = inner.encode(update, inner_rows, jax.random.fold_in(key, 1), server)
+        if init_row is not None:
+            inner_rows = {**inner_rows, name: own}
+        return sent, inner_rows
 
     return Aggregator(
         init=init,
@@ -528,7 +555,7 @@ def compressed(compressor: Any, inner: Aggregator | None = None) -> Aggregator:
     from fedjax_sim.compression import compress_tree, tree_payload_bytes
 
     inner = inner or mean()
-    return _wrap(
+    return wrap(
         inner,
         lambda u, row, key: (compress_tree(compressor, u, key), row),
         payload=lambda params: float(tree_payload_bytes(compressor, params)),
@@ -537,8 +564,9 @@ def compressed(compressor: Any, inner: Aggregator | None = None) -> Aggregator:
 
 def error_feedback(compressor: Any, inner: Aggregator | None = None) -> Aggregator:
     """Error feedback (Beikmohammadi et al. 2024, Alg. 2; Karimireddy et al. 2019): per-client
-    memory `e_i` (0 at init), `u = Delta_i + e_i`, send `Q(u)`, keep `e_i <- u - Q(u)`;
-    clients that do not contribute keep their memory. Then `inner` (mean)."""
+    memory `e_i` (0 at init; `state.aggregator.rows["error_feedback"]`), `u = Delta_i + e_i`,
+    send `Q(u)`, keep `e_i <- u - Q(u)`; clients that do not contribute keep their memory.
+    Then `inner` (mean)."""
     from fedjax_sim.compression import compress_tree, tree_payload_bytes
 
     inner = inner or mean()
@@ -548,9 +576,10 @@ def error_feedback(compressor: Any, inner: Aggregator | None = None) -> Aggregat
         q = compress_tree(compressor, u, key)
         return q, jax.tree.map(jnp.subtract, u, q)
 
-    return _wrap(
+    return wrap(
         inner,
         encode,
+        name="error_feedback",
         init_row=lambda params: params,
         payload=lambda params: float(tree_payload_bytes(compressor, params)),
     )
@@ -567,7 +596,7 @@ def clipped(max_norm: Any, inner: Aggregator | None = None) -> Aggregator:
         scale = jnp.minimum(1.0, max_norm / jnp.maximum(norm, jnp.finfo(norm.dtype).tiny))
         return jax.tree.map(lambda x: (x * scale).astype(x.dtype), update), row
 
-    return _wrap(inner, encode)
+    return wrap(inner, encode)
 
 
 # ------------------------------------------------------------------------------ distributors
@@ -656,7 +685,7 @@ class FederatedState:
       round: [] int32 rounds done.
       rows: `{hook name: [C, ...]}` per-client rows of the hooks.
       hooks: `{hook name: server-side state}` of the hooks.
-      aggregator: `(server state, per-client rows [C, ...])` of the aggregator.
+      aggregator: the aggregator's server state and named per-client memories.
       cohort: the distributor's state (None for a `CohortSpec`).
     """
 
@@ -689,8 +718,8 @@ def _check_rows(rows: Any, num_clients: int, what: str) -> None:
     for leaf in jax.tree.leaves(rows):
         if leaf.shape[0] != num_clients:
             raise ValueError(
-                f"{what} has {leaf.shape[0]} clients but the data has {num_clients}; "
-                "build the algorithm with num_clients=data.num_clients"
+                f"{what} was built for num_clients={leaf.shape[0]} but the data has "
+                f"{num_clients} clients; build the algorithm with num_clients=data.num_clients"
             )
 
 
@@ -736,8 +765,8 @@ def compose(
 
     def init(params: Params, key: jax.Array) -> FederatedState:
         del key
-        rows, agg = {}, aggregator.init(params, num_clients or 1)
-        if needs_rows or jax.tree.leaves(agg[1]):
+        rows, (agg_server, agg_rows) = {}, aggregator.init(params, num_clients or 1)
+        if needs_rows or agg_rows:
             if num_clients is None:
                 raise ValueError("this algorithm keeps per-client state: give num_clients=C")
             rows = work.init_rows(params, num_clients)
@@ -747,13 +776,13 @@ def compose(
             round=jnp.int32(0),
             rows=rows,
             hooks=work.init_server(params),
-            aggregator=agg,
+            aggregator=AggregatorState(agg_server, agg_rows),
             cohort=distributor.init(num_clients),
         )
 
     def step(state: FederatedState, data: FederatedData, key: jax.Array):
         _check_rows(state.rows, data.num_clients, "the hooks' per-client state")
-        _check_rows(state.aggregator[1], data.num_clients, "the aggregator's per-client memory")
+        _check_rows(state.aggregator.rows, data.num_clients, "the aggregator's per-client memory")
         x, t = state.params, state.round
         ids, weights = distributor.sample(
             state.cohort, round_key(key, t, COHORT), data.counts, t
@@ -766,7 +795,7 @@ def compose(
         optimizer = work.optimizer(t)
         local_key = round_key(key, t, LOCAL)
         uplink_key = round_key(key, t, UPLINK)
-        agg_server, agg_rows = state.aggregator
+        agg_server, agg_rows = state.aggregator.server, state.aggregator.rows
         cohort_rows = gather_rows(state.rows, ids)
         cohort_agg_rows = gather_rows(agg_rows, ids)
         inputs = work.client_inputs(state.hooks, ids, x)
@@ -884,7 +913,7 @@ def compose(
             round=t + 1,
             rows=rows,
             hooks=servers,
-            aggregator=(agg_server, agg_rows),
+            aggregator=AggregatorState(agg_server, agg_rows),
             cohort=cohort_state,
         )
         return new_state, metrics

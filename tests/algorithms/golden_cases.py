@@ -99,13 +99,22 @@ def _cases():
             cohort=COH,
             stragglers=Stragglers(0.5, "partial"),
         ),
-        "fedopt_adam": lambda: A.fedopt(loss, server_optimizer=0.05, client_optimizer=0.05, local=L3),
+        "fedopt_adam": lambda: A.fedopt(
+            loss, server_optimizer=0.05, client_optimizer=0.05, local=L3
+        ),
         "fedavgm": lambda: A.fedavgm(loss, server_optimizer=0.5, client_optimizer=0.05, local=L3),
         "fedadam": lambda: A.fedadam(loss, server_optimizer=0.05, client_optimizer=0.05, local=L3),
         "fedyogi": lambda: A.fedyogi(loss, server_optimizer=0.05, client_optimizer=0.05, local=L3),
-        "fedadagrad": lambda: A.fedadagrad(loss, server_optimizer=0.05, client_optimizer=0.05, local=L3),
+        "fedadagrad": lambda: A.fedadagrad(
+            loss, server_optimizer=0.05, client_optimizer=0.05, local=L3
+        ),
         "fedadam_reddi": lambda: A.fedadam_reddi(
-            loss, server_optimizer=0.05, client_optimizer=0.05, weight_decay=0.01, local=L3, cohort=COH
+            loss,
+            server_optimizer=0.05,
+            client_optimizer=0.05,
+            weight_decay=0.01,
+            local=L3,
+            cohort=COH,
         ),
         "fedmim": lambda: A.fedmim(loss, client_optimizer=0.05, local=L3, cohort=COH),
         "fedmim_decay": lambda: A.fedmim(
@@ -118,7 +127,11 @@ def _cases():
         ),
         "fedcm": lambda: A.fedcm(loss, momentum=0.75, client_optimizer=0.05, local=L3, cohort=COH),
         "fedcm_server_lr": lambda: A.fedcm(
-            loss, momentum=0.75, client_optimizer=round_decay(0.05, 0.9), server_optimizer=0.7, local=L3
+            loss,
+            momentum=0.75,
+            client_optimizer=round_decay(0.05, 0.9),
+            server_optimizer=0.7,
+            local=L3,
         ),
         "scaffold": lambda: A.scaffold(
             loss, num_clients=C, client_optimizer=0.05, server_optimizer=0.8, local=L3, cohort=COH

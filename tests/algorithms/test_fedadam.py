@@ -19,10 +19,22 @@ def test_fedadam_reddi_matches_numpy_and_differs_from_bias_corrected(x64):
     states = []
     for alg in [
         fedadam_reddi(
-            model.loss, server_lr=0.1, b1=0.9, b2=0.99, tau=0.01, client_lr=0.1, local=local
+            model.loss,
+            server_optimizer=0.1,
+            b1=0.9,
+            b2=0.99,
+            eps=0.01,
+            client_optimizer=0.1,
+            local=local,
         ),
         fedadam(
-            model.loss, server_lr=0.1, b1=0.9, b2=0.99, eps=0.01, client_optimizer=0.1, local=local
+            model.loss,
+            server_optimizer=0.1,
+            b1=0.9,
+            b2=0.99,
+            eps=0.01,
+            client_optimizer=0.1,
+            local=local,
         ),
     ]:
         state, step = alg.init({"w": jnp.zeros(2)}, key), jax.jit(alg.step)

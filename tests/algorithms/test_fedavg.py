@@ -116,7 +116,7 @@ def test_one_local_step_full_batch_is_gradient_descent(x64):
     s_avg, _ = run(
         fedavg(model.loss, client_optimizer=0.1, local=FULL), {"w": jnp.zeros(4)}, problem.data, 15
     )
-    s_sgd, _ = run(fedsgd(model.loss, learning_rate=0.1), {"w": jnp.zeros(4)}, problem.data, 15)
+    s_sgd, _ = run(fedsgd(model.loss, server_optimizer=0.1), {"w": jnp.zeros(4)}, problem.data, 15)
     np.testing.assert_allclose(s_avg.params["w"], w, rtol=1e-10)
     np.testing.assert_allclose(s_sgd.params["w"], w, rtol=1e-10)
 
@@ -151,7 +151,7 @@ def test_fedavgm_matches_numpy_server_momentum(x64):
     model = linear_regression(2)
     alg = fedavgm(
         model.loss,
-        server_lr=0.5,
+        server_optimizer=0.5,
         momentum=0.8,
         client_optimizer=0.1,
         local=LocalSpec(steps=2, sampling="full"),

@@ -38,8 +38,8 @@ def test_feddyn_matches_numpy_partial_participation(x64):
     alg = feddyn(
         MODEL.loss,
         num_clients=9,
-        alpha=alpha,
-        client_lr=0.05,
+        regularization=alpha,
+        client_optimizer=0.05,
         local=LocalSpec(steps=steps, sampling="full"),
         cohort=cohort,
     )
@@ -53,8 +53,8 @@ def test_feddyn_matches_numpy_partial_participation(x64):
     ]
     x, hs, hi = numpy_feddyn(problem, [1.0, 0.0, -1.0], cohorts, 0.05, steps, alpha)
     np.testing.assert_allclose(state.params["w"], x, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(state.h["w"], hs, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(state.client_h["w"], hi, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(state.hooks["dynamic_regularizer"]["w"], hs, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(state.rows["dynamic_regularizer"]["w"], hi, rtol=1e-10, atol=1e-12)
     assert np.abs(hi).max() > 1e-2  # the per-client states are really in use
 
 
@@ -65,8 +65,8 @@ def test_feddyn_full_participation_reaches_optimum(x64):
     alg = feddyn(
         MODEL.loss,
         num_clients=5,
-        alpha=0.5,
-        client_lr=0.05,
+        regularization=0.5,
+        client_optimizer=0.05,
         local=LocalSpec(steps=5, sampling="full"),
     )
     key = jax.random.key(0)

@@ -55,24 +55,38 @@ def test_zero_weights_equal_fedavg_bitwise():
         fedavg(MODEL.loss, client_optimizer=client_sgd(sched, 1e-3), **kw), w0, problem.data, 6, key
     )
     for alpha in [(0.0, 0.0), ()]:
-        alg = fedmim(MODEL.loss, alpha=alpha, beta=alpha, client_lr=sched, weight_decay=1e-3, **kw)
+        alg = fedmim(
+            MODEL.loss,
+            momentum=alpha,
+            lookahead=alpha,
+            client_optimizer=sched,
+            weight_decay=1e-3,
+            **kw,
+        )
         state, _, _ = run(alg, w0, problem.data, 6, key)
         np.testing.assert_array_equal(state.params["w"], ref.params["w"])
-        assert state.history["w"].shape == (len(alpha), 4)  # J = 0: stays empty
+        assert state.hooks["multistep_inertia"]["w"].shape == (len(alpha), 4)  # J = 0: stays empty
 
 
 def test_single_inertial_step_equals_fedcm(x64):
     """J = 1, alpha_0 = 0.9, beta = 0, constant lr == FedCM(a = 0.1) (spec 8 item 2)."""
     problem = least_squares(num_clients=8, examples_per_client=10, dim=4, seed=2)
-    kw = dict(client_lr=0.05, local=LocalSpec(steps=5, batch_size=4), cohort=CohortSpec(size=3))
+    kw = dict(
+        client_optimizer=0.05, local=LocalSpec(steps=5, batch_size=4), cohort=CohortSpec(size=3)
+    )
     key = jax.random.key(4)
     w0 = {"w": jnp.zeros(4)}
-    s_mim, _, _ = run(fedmim(MODEL.loss, alpha=0.9, beta=None, **kw), w0, problem.data, 7, key)
-    s_cm, _, _ = run(fedcm(MODEL.loss, alpha=0.1, **kw), w0, problem.data, 7, key)
+    s_mim, _, _ = run(
+        fedmim(MODEL.loss, momentum=0.9, lookahead=None, **kw), w0, problem.data, 7, key
+    )
+    s_cm, _, _ = run(fedcm(MODEL.loss, momentum=0.9, **kw), w0, problem.data, 7, key)
     np.testing.assert_allclose(s_mim.params["w"], s_cm.params["w"], rtol=1e-11, atol=1e-13)
     # FedCM's D_t (gradient units) is FedMIM's delta_t / eta (parameter units)
     np.testing.assert_allclose(
-        s_mim.history["w"][0] / 0.05, s_cm.momentum["w"], rtol=1e-10, atol=1e-12
+        s_mim.hooks["multistep_inertia"]["w"][0] / 0.05,
+        s_cm.hooks["client_momentum"]["w"],
+        rtol=1e-10,
+        atol=1e-12,
     )
     assert np.linalg.norm(s_cm.params["w"]) > 0.1
 
@@ -92,9 +106,9 @@ def test_algorithm1_replay_and_lemmas_5_6_every_round(x64):
     cohort = CohortSpec(size=size, weighting="uniform")
     alg = fedmim(
         MODEL.loss,
-        alpha=alpha,
-        beta=beta,
-        client_lr=sched,
+        momentum=alpha,
+        lookahead=beta,
+        client_optimizer=sched,
         local=LocalSpec(steps=steps, sampling="full"),
         cohort=cohort,
     )
@@ -103,11 +117,11 @@ def test_algorithm1_replay_and_lemmas_5_6_every_round(x64):
     tails = np.cumsum(np.array(alpha)[::-1])[::-1]  # sum_{s=j}^{J-1} alpha_s
 
     def u(state):
-        x, hist = np.asarray(state.params["w"]), np.asarray(state.history["w"])
+        x, hist = np.asarray(state.params["w"]), np.asarray(state.hooks["multistep_inertia"]["w"])
         return x - (steps / damping) * tails @ hist
 
     for t, (state, new) in enumerate(zip(states[:-1], states[1:], strict=True)):
-        x, hist = np.asarray(state.params["w"]), np.asarray(state.history["w"])
+        x, hist = np.asarray(state.params["w"]), np.asarray(state.hooks["multistep_inertia"]["w"])
         eta = float(sched(t))
         inertia, lookahead = np.array(alpha) @ hist, np.array(beta) @ hist
         ids = np.asarray(
@@ -121,13 +135,18 @@ def test_algorithm1_replay_and_lemmas_5_6_every_round(x64):
                 grad_sum += g
                 xi = xi - inertia - damping * eta * g
             finals.append(xi)
-        new_x, new_hist = np.asarray(new.params["w"]), np.asarray(new.history["w"])
+        new_x, new_hist = (
+            np.asarray(new.params["w"]),
+            np.asarray(new.hooks["multistep_inertia"]["w"]),
+        )
         np.testing.assert_allclose(new_x, np.mean(finals, axis=0), rtol=1e-12, atol=1e-12)
         delta_tilde = eta * grad_sum / (size * steps)
         np.testing.assert_allclose(new_hist[0], damping * delta_tilde + inertia, atol=1e-12)
         np.testing.assert_array_equal(new_hist[1:], hist[:-1])
         np.testing.assert_allclose(u(new) - u(state), -(eta / size) * grad_sum, atol=1e-11)
-    assert np.abs(states[-1].history["w"]).min() > 0  # the history is really in use
+    assert (
+        np.abs(states[-1].hooks["multistep_inertia"]["w"]).min() > 0
+    )  # the history is really in use
 
 
 def test_first_round_is_fedavg_with_damped_lr(x64):
@@ -136,7 +155,7 @@ def test_first_round_is_fedavg_with_damped_lr(x64):
     kw = dict(local=LocalSpec(steps=6, batch_size=4), cohort=CohortSpec(size=4))
     key, w0 = jax.random.key(2), {"w": jnp.array([0.3, 0.1, -0.4, 1.0])}
     s_mim, _, _ = run(
-        fedmim(MODEL.loss, alpha=(0.6, 0.3), beta=(0.9, 0.1), client_lr=0.2, **kw),
+        fedmim(MODEL.loss, momentum=(0.6, 0.3), lookahead=(0.9, 0.1), client_optimizer=0.2, **kw),
         w0,
         problem.data,
         1,
@@ -158,7 +177,13 @@ def test_linear_loss_displacement_converges_geometrically(x64, alpha, beta):
     data = pack(np.repeat(lin, 3, axis=0), np.zeros(6), np.repeat([0, 1], 3), 2)
     loss = lambda params, batch: masked_mean(batch.x @ params["w"], batch.mask)
     eta, steps, rounds = 0.05, 3, 700
-    alg = fedmim(loss, alpha=alpha, beta=beta, client_lr=eta, local=LocalSpec(steps, batch_size=2))
+    alg = fedmim(
+        loss,
+        momentum=alpha,
+        lookahead=beta,
+        client_optimizer=eta,
+        local=LocalSpec(steps, batch_size=2),
+    )
     state, metrics = scan_rounds(alg, {"w": jnp.zeros(4)}, data, rounds, jax.random.key(0))
     del state
     limit = -eta * steps * lin.mean(axis=0)
@@ -191,7 +216,9 @@ def test_fixed_point_is_fedavg_fixed_point_with_damped_lr_and_closer_to_optimum(
     eta, steps = 0.1, 5
     local = LocalSpec(steps=steps, sampling="full")
     key = jax.random.key(0)
-    mim = fedmim(MODEL.loss, alpha=(0.6, 0.3), beta=(0.9, 0.1), client_lr=eta, local=local)
+    mim = fedmim(
+        MODEL.loss, momentum=(0.6, 0.3), lookahead=(0.9, 0.1), client_optimizer=eta, local=local
+    )
     s_mim, m_mim = scan_rounds(mim, {"w": jnp.zeros(4)}, problem.data, 1500, key)
     s_avg, m_avg = scan_rounds(
         fedavg(MODEL.loss, client_optimizer=eta, local=local),
@@ -205,7 +232,7 @@ def test_fixed_point_is_fedavg_fixed_point_with_damped_lr_and_closer_to_optimum(
     opt = problem.optimum()
     np.testing.assert_allclose(s_mim.params["w"], fp_mim, atol=1e-10)
     np.testing.assert_allclose(s_avg.params["w"], fp_avg, atol=1e-10)
-    np.testing.assert_allclose(s_mim.history["w"], 0.0, atol=1e-12)
+    np.testing.assert_allclose(s_mim.hooks["multistep_inertia"]["w"], 0.0, atol=1e-12)
     assert np.linalg.norm(fp_mim - opt) < np.linalg.norm(fp_avg - opt)
     c_mim = _closed_form_consistency(problem, fp_mim, 0.1 * eta, steps)
     c_avg = _closed_form_consistency(problem, fp_avg, eta, steps)
@@ -218,7 +245,12 @@ def test_bernoulli_participation_full_and_empty_rounds():
     """Bernoulli p = 1 equals full participation bit for bit; a round where nobody is drawn
     keeps x_t, pushes delta = 0 into the history and counts no participant."""
     problem = least_squares(num_clients=6, examples_per_client=8, dim=4, seed=4)
-    kw = dict(alpha=(0.5, 0.2), beta=(0.4, 0.4), client_lr=0.05, local=LocalSpec(3, batch_size=4))
+    kw = dict(
+        momentum=(0.5, 0.2),
+        lookahead=(0.4, 0.4),
+        client_optimizer=0.05,
+        local=LocalSpec(3, batch_size=4),
+    )
     key, w0 = jax.random.key(9), {"w": jnp.ones(4)}
     s_full, _, _ = run(fedmim(MODEL.loss, **kw), w0, problem.data, 4, key)
     s_bern, _, _ = run(
@@ -232,30 +264,38 @@ def test_bernoulli_participation_full_and_empty_rounds():
     never = fedmim(MODEL.loss, cohort=CohortSpec(3, sampling="bernoulli", probability=1e-12), **kw)
     state, metrics = jax.jit(never.step)(s_full, problem.data, key)
     np.testing.assert_array_equal(state.params["w"], s_full.params["w"])
-    np.testing.assert_array_equal(state.history["w"][0], np.zeros(4))
-    np.testing.assert_array_equal(state.history["w"][1], s_full.history["w"][0])
+    np.testing.assert_array_equal(state.hooks["multistep_inertia"]["w"][0], np.zeros(4))
+    np.testing.assert_array_equal(
+        state.hooks["multistep_inertia"]["w"][1], s_full.hooks["multistep_inertia"]["w"][0]
+    )
     assert int(metrics["participants"]) == 0 and int(state.round) == 5
 
 
 @pytest.mark.parametrize(
     "build,message",
     [
-        (lambda: fedmim(MODEL.loss, alpha=(0.6, 0.4)), "sum\\(alpha\\) < 1"),
-        (lambda: fedmim(MODEL.loss, alpha=(1.2,), beta=None), "sum\\(alpha\\) < 1"),
-        (lambda: fedmim(MODEL.loss, alpha=(0.5, -0.1)), "alpha weights must be"),
-        (lambda: fedmim(MODEL.loss, alpha=(0.5, 0.1), beta=(0.5, -1.0)), "beta weights must be"),
-        (lambda: fedmim(MODEL.loss, alpha=(0.5,), beta=(0.5, 0.1)), "same length J"),
-        (lambda: fedmim(MODEL.loss, alpha=(), beta=(0.5,)), "same length J"),
-        (lambda: fedmim(MODEL.loss, alpha=(float("nan"),)), "alpha weights must be"),
-        (lambda: fedmim(MODEL.loss, client_lr=0.0), "client_lr"),
-        (lambda: fedmim(MODEL.loss, client_lr=round_decay(0.1, 0.998), weight_decay=-1), "weight"),
-        (lambda: fedcm(MODEL.loss, alpha=0.0), "FedCM alpha"),
-        (lambda: fedcm(MODEL.loss, alpha=1.5), "FedCM alpha"),
-        (lambda: feddyn(MODEL.loss, num_clients=4, alpha=0.0), "FedDyn alpha"),
+        (lambda: fedmim(MODEL.loss, momentum=(0.6, 0.4)), "sum\\(momentum\\) < 1"),
+        (lambda: fedmim(MODEL.loss, momentum=(1.2,), lookahead=None), "sum\\(momentum\\) < 1"),
+        (lambda: fedmim(MODEL.loss, momentum=(0.5, -0.1)), "momentum weights must be"),
+        (
+            lambda: fedmim(MODEL.loss, momentum=(0.5, 0.1), lookahead=(0.5, -1.0)),
+            "lookahead weights",
+        ),
+        (lambda: fedmim(MODEL.loss, momentum=(0.5,), lookahead=(0.5, 0.1)), "same length J"),
+        (lambda: fedmim(MODEL.loss, momentum=(), lookahead=(0.5,)), "same length J"),
+        (lambda: fedmim(MODEL.loss, momentum=(float("nan"),)), "momentum weights must be"),
+        (lambda: fedmim(MODEL.loss, client_optimizer=0.0), "client_optimizer"),
+        (
+            lambda: fedmim(MODEL.loss, client_optimizer=round_decay(0.1, 0.998), weight_decay=-1),
+            "weight",
+        ),
+        (lambda: fedcm(MODEL.loss, momentum=1.0), "momentum"),
+        (lambda: fedcm(MODEL.loss, momentum=-0.5), "momentum"),
+        (lambda: feddyn(MODEL.loss, num_clients=4, regularization=0.0), "FedDyn regularization"),
         (lambda: scaffold(MODEL.loss, num_clients=0), "num_clients"),
         (lambda: fedsam(MODEL.loss, rho=-0.1), "rho"),
         (lambda: adam_without_bias_correction(0.1, b1=1.0), "b1"),
-        (lambda: adam_without_bias_correction(0.1, tau=0.0), "tau"),
+        (lambda: adam_without_bias_correction(0.1, eps=0.0), "eps"),
         (lambda: round_decay(0.1, 1.5), "decay"),
         (lambda: CohortSpec(sampling="bernoulli"), "probability"),
         (lambda: CohortSpec(sampling="bernoulli", probability=0.0), "probability"),

@@ -47,17 +47,20 @@ def test_fedsam_and_mofedsam_match_numpy(x64):
     problem = least_squares(num_clients=5, examples_per_client=[6, 9, 4, 12, 7], dim=3, seed=3)
     w0, sched = [0.5, -0.5, 2.0], round_decay(0.1, 0.9)
     lr = lambda t: 0.1 * 0.9**t
-    sam = run(fedsam(MODEL.loss, rho=0.2, client_lr=sched, local=LOCAL), w0, problem.data, 5)
+    sam = run(fedsam(MODEL.loss, rho=0.2, client_optimizer=sched, local=LOCAL), w0, problem.data, 5)
     np.testing.assert_allclose(
         sam.params["w"], numpy_mofedsam(problem, w0, 5, lr, 4, 1.0, 0.2), rtol=1e-11
     )
     mo = run(
-        mofedsam(MODEL.loss, alpha=0.3, rho=0.2, client_lr=sched, local=LOCAL), w0, problem.data, 5
+        mofedsam(MODEL.loss, momentum=0.7, rho=0.2, client_optimizer=sched, local=LOCAL),
+        w0,
+        problem.data,
+        5,
     )
     np.testing.assert_allclose(
         mo.params["w"], numpy_mofedsam(problem, w0, 5, lr, 4, 0.3, 0.2), rtol=1e-11
     )
     # the perturbation matters: rho = 0.2 is not FedAvg
     avg = run(fedavg(MODEL.loss, client_optimizer=0.1, local=LOCAL), w0, problem.data, 1)
-    one = run(fedsam(MODEL.loss, rho=0.2, client_lr=0.1, local=LOCAL), w0, problem.data, 1)
+    one = run(fedsam(MODEL.loss, rho=0.2, client_optimizer=0.1, local=LOCAL), w0, problem.data, 1)
     assert np.abs(np.asarray(avg.params["w"]) - np.asarray(one.params["w"])).max() > 1e-3

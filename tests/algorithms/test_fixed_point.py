@@ -36,7 +36,8 @@ from fedjax_sim.algorithms.fixed_point import (
     inexact_prox,
     local_sgd,
 )
-from fedjax_sim.compression import ErrorFeedback, Identity, TopK
+from fedjax_sim.algorithms.compose import error_feedback
+from fedjax_sim.compression import Identity, TopK
 from fedjax_sim.data import least_squares, pack
 from fedjax_sim.models import linear_regression
 from fedjax_sim.models.base import masked_mean
@@ -119,9 +120,9 @@ def nonconvex(spread, seed=0, n=5, d=4):
 def lyapunov(problem, state, step, weight):
     """V_k = f(z^k) - f_lb + weight * s_k / n * sum_i ||e_i||^2 (z = x without memory)."""
     x = np.asarray(state.params["w"], np.float64)
-    if state.uplink is None:
+    if not state.aggregator.rows:
         return problem.f(x) - problem.f_lb
-    e = np.asarray(state.uplink["w"], np.float64)
+    e = np.asarray(state.aggregator.rows["error_feedback"]["w"], np.float64)
     z = x + e.mean(0)
     return problem.f(z) - problem.f_lb + weight * step * np.mean(np.sum(e**2, axis=1))
 
@@ -148,15 +149,17 @@ def algorithm_and_constants(name, problem, step, T=5, k_top=1):
     delta = k_top / d
     full = LocalSpec(steps=T, sampling="full")
     if name == "fedavg":
-        alg = fp_fedavg(problem.loss, step_size=step, local=full, cohort=UNIFORM)
+        alg = fp_fedavg(problem.loss, client_optimizer=step, local=full, cohort=UNIFORM)
         return alg, schedules.fedavg_constants(L, T, 0.0, dinf)
     if name == "fedprox":
-        alg = fp_fedprox(problem.loss, step_size=step, exact=True, batch_size=None, cohort=UNIFORM)
+        alg = fp_fedprox(
+            problem.loss, client_optimizer=step, exact=True, batch_size=None, cohort=UNIFORM
+        )
         return alg, schedules.fedprox_constants(L, 0.0, dinf)
     if name == "fedprox_inner":  # non-quadratic: 80 inner GD steps of lr s (contraction sL)
         alg = fp_fedprox(
             problem.loss,
-            step_size=step,
+            client_optimizer=step,
             inner_steps=80,
             inner_lr=1.0,
             batch_size=1,
@@ -169,7 +172,7 @@ def algorithm_and_constants(name, problem, step, T=5, k_top=1):
             problem.loss,
             num_clients=n,
             compressor=top,
-            step_size=step,
+            client_optimizer=step,
             inner_steps=80,
             inner_lr=1.0,
             batch_size=1,
@@ -181,7 +184,7 @@ def algorithm_and_constants(name, problem, step, T=5, k_top=1):
             problem.loss,
             num_clients=n,
             compressor=top,
-            step_size=step,
+            client_optimizer=step,
             local=full,
             cohort=UNIFORM,
         )
@@ -190,7 +193,7 @@ def algorithm_and_constants(name, problem, step, T=5, k_top=1):
         problem.loss,
         num_clients=n,
         compressor=top,
-        step_size=step,
+        client_optimizer=step,
         exact=True,
         batch_size=None,
         cohort=UNIFORM,
@@ -339,7 +342,7 @@ def test_rate_shape_fixed_and_diminishing():
     def run(a, nu, key):
         alg = fp_fedavg(
             model.loss,
-            step_size=lambda k: a / (k + 1.0) ** nu,
+            client_optimizer=lambda k: a / (k + 1.0) ** nu,
             local=LocalSpec(steps=2, batch_size=1),
             cohort=UNIFORM,
         )
@@ -376,7 +379,10 @@ def test_ef_memory_inequality(x64):
     d1 = 16 * (1 - delta) * (1 + 2 / delta) * s**2 / 3
     grew = False
     for a, b in zip(states[:-1], states[1:], strict=True):
-        e0, e1 = np.asarray(a.uplink["w"]), np.asarray(b.uplink["w"])
+        e0, e1 = (
+            np.asarray(a.aggregator.rows["error_feedback"]["w"]),
+            np.asarray(b.aggregator.rows["error_feedback"]["w"]),
+        )
         z = np.asarray(a.params["w"]) + e0.mean(0)
         lhs = np.mean(np.sum(e1**2, 1))
         rhs = (1 - delta / 4) * np.mean(np.sum(e0**2, 1)) + d1 * np.mean(
@@ -424,7 +430,7 @@ def test_lemma4_prox_drift(x64):
     q = least_squares(num_clients=4, examples_per_client=10, dim=5, heterogeneity=3.0, seed=6)
     L = float(np.linalg.eigvalsh(q.hessians).max())
     s = schedules.fedprox_cap(L)
-    alg = fp_fedprox(linear_regression(5).loss, step_size=s, exact=True, batch_size=None)
+    alg = fp_fedprox(linear_regression(5).loss, client_optimizer=s, exact=True, batch_size=None)
     step = jax.jit(alg.step)
     for i in range(4):
         one = q.data.replace(
@@ -462,7 +468,7 @@ def test_error_feedback_with_identity_is_algorithm_1_bitwise(operator):
     b = trajectory(ef, {"w": jnp.ones(6)}, q.data, 6)
     for sa, sb in zip(a, b, strict=True):
         np.testing.assert_array_equal(sa.params["w"], sb.params["w"])
-        assert not np.any(np.asarray(sb.uplink["w"]))
+        assert not np.any(np.asarray(sb.aggregator.rows["error_feedback"]["w"]))
     assert not np.array_equal(a[0].params["w"], a[-1].params["w"])
 
 
@@ -477,12 +483,12 @@ def test_virtual_iterate_identity():
     key = jax.random.key(3)
     states = trajectory(ef, {"w": jnp.zeros(6)}, q.data, 5, key=key)
     fp_step = jax.jit(fp.step)
-    z = lambda s: s.params["w"] + jnp.mean(s.uplink["w"], 0)
+    z = lambda s: s.params["w"] + jnp.mean(s.aggregator.rows["error_feedback"]["w"], 0)
     for a, b in zip(states[:-1], states[1:], strict=True):
         start = fp.init(a.params, key).replace(round=a.round)
         moved = fp_step(start, q.data, key)[0].params["w"] - a.params["w"]
         np.testing.assert_allclose(z(b) - z(a), moved, rtol=1e-6, atol=1e-6)
-    assert np.any(np.asarray(states[-1].uplink["w"]))  # the memory is really used
+    assert np.any(np.asarray(states[-1].aggregator.rows["error_feedback"]["w"]))  # the memory is really used
 
 
 def test_fedavg_one_step_is_distributed_minibatch_sgd(x64):
@@ -490,7 +496,7 @@ def test_fedavg_one_step_is_distributed_minibatch_sgd(x64):
     model = linear_regression(6)
     key, s, batch = jax.random.key(7), 0.2, 4
     x0 = np.linspace(-1, 1, 6)
-    alg = fp_fedavg(model.loss, step_size=s, local=LocalSpec(steps=1, batch_size=batch))
+    alg = fp_fedavg(model.loss, client_optimizer=s, local=LocalSpec(steps=1, batch_size=batch))
     state, _ = jax.jit(alg.step)(alg.init({"w": jnp.asarray(x0)}, key), q.data, key)
     local_key = round_key(key, jnp.int32(0), LOCAL)
     grads = []
@@ -507,7 +513,10 @@ def test_fedavg_identity_18_full_batch_schedule(x64):
     model = linear_regression(6)
     T, sched = 4, schedules.step_decay(0.4, 2.0, 2)
     alg = fp_fedavg(
-        model.loss, step_size=sched, local=LocalSpec(steps=T, sampling="full"), cohort=UNIFORM
+        model.loss,
+        client_optimizer=sched,
+        local=LocalSpec(steps=T, sampling="full"),
+        cohort=UNIFORM,
     )
     states = trajectory(alg, {"w": jnp.zeros(6)}, q.data, 5)
     x = np.zeros(6)
@@ -529,7 +538,7 @@ def test_exact_prox_closed_form(x64):
     q = stochastic_problem()
     model = linear_regression(6)
     s, x0 = 0.3, np.linspace(0.5, -0.5, 6)
-    alg = fp_fedprox(model.loss, step_size=s, exact=True, batch_size=None, cohort=UNIFORM)
+    alg = fp_fedprox(model.loss, client_optimizer=s, exact=True, batch_size=None, cohort=UNIFORM)
     key = jax.random.key(0)
     state, metrics = jax.jit(alg.step)(alg.init({"w": jnp.asarray(x0)}, key), q.data, key)
     eye = np.eye(6)
@@ -552,7 +561,7 @@ def test_inner_solver_converges_to_the_prox_when_capped(x64):
     p = np.linalg.solve(np.eye(4) + s * q.hessians[0], x0 + s * q.linear[0])
     errors = []
     for J in (3, 60):
-        alg = fp_fedprox(model.loss, step_size=s, inner_steps=J, inner_lr=0.5, batch_size=12)
+        alg = fp_fedprox(model.loss, client_optimizer=s, inner_steps=J, inner_lr=0.5, batch_size=12)
         key = jax.random.key(0)
         state, _ = jax.jit(alg.step)(alg.init({"w": jnp.asarray(x0)}, key), q.data, key)
         errors.append(np.linalg.norm(np.asarray(state.params["w"]) - p))
@@ -570,7 +579,7 @@ def test_uncapped_inner_solver_diverges_for_small_step(x64):
     for cap_lr in (True, False):
         alg = fp_fedprox(
             model.loss,
-            step_size=s,
+            client_optimizer=s,
             inner_steps=30,
             inner_lr=0.1,
             batch_size=12,
@@ -597,7 +606,7 @@ def test_capped_inner_solver_fails_when_s_times_curvature_exceeds_one(x64):
     p = np.linalg.solve(np.eye(4) + s * q.hessians[0], x0 + s * q.linear[0])
     errors = {}
     for lr in (s, 1 / (L + 1 / s)):
-        alg = fp_fedprox(model.loss, step_size=s, inner_steps=60, inner_lr=lr, batch_size=12)
+        alg = fp_fedprox(model.loss, client_optimizer=s, inner_steps=60, inner_lr=lr, batch_size=12)
         errors[lr] = np.linalg.norm(one_client_step(alg, x0, q.data) - p)
     assert errors[s] > np.linalg.norm(x0 - p)
     assert errors[1 / (L + 1 / s)] < 1e-10
@@ -640,7 +649,7 @@ def test_reproduction_smoke_digits():
     params = model.init(jax.random.key(1))
     assert count_params(params) == 2410 and TopK(fraction=0.01).num_kept(2410) == 24
     common = dict(
-        step_size=0.1,
+        client_optimizer=0.1,
         local=LocalSpec(steps=10, batch_size=32),
         divide_by_T=False,
         cohort=CohortSpec(weighting="counts"),
@@ -669,7 +678,7 @@ def test_reproduction_smoke_digits():
 
 # ------------------------------------------------------------------------------ wrappers, bytes
 def test_error_feedback_wraps_fedavg_and_fedprox():
-    """`uplink=ErrorFeedback(...)` around the foundation's fedavg / fedprox: EF-FedAvg built
+    """`aggregator=error_feedback(...)` around the foundation's fedavg / fedprox: EF-FedAvg built
     that way is ef_fedavg; with the identity compressor fedprox is unchanged."""
     q = stochastic_problem()
     model = linear_regression(6)
@@ -679,16 +688,21 @@ def test_error_feedback_wraps_fedavg_and_fedprox():
         client_optimizer=schedules.client_sgd(0.1, scale=1 / 3),
         local=local,
         cohort=UNIFORM,
-        uplink=ErrorFeedback(TopK(k=2), 5),
+        aggregator=error_feedback(TopK(k=2)),
+        num_clients=5,
     )
-    named = ef_fedavg(model.loss, num_clients=5, compressor=TopK(k=2), step_size=0.1, local=local)
+    named = ef_fedavg(
+        model.loss, num_clients=5, compressor=TopK(k=2), client_optimizer=0.1, local=local
+    )
     runs = [trajectory(g, {"w": jnp.zeros(6)}, q.data, 4) for g in (wrapped, named)]
     for a, b in zip(*runs, strict=True):
         np.testing.assert_array_equal(a.params["w"], b.params["w"])
-        np.testing.assert_array_equal(a.uplink["w"], b.uplink["w"])
+        np.testing.assert_array_equal(
+            a.aggregator.rows["error_feedback"]["w"], b.aggregator.rows["error_feedback"]["w"]
+        )
     kw = dict(mu=0.5, client_optimizer=0.05, local=local)
     plain = trajectory(fedprox(model.loss, **kw), {"w": jnp.zeros(6)}, q.data, 3)
-    ident = fedprox(model.loss, **kw, uplink=ErrorFeedback(Identity(), 5))
+    ident = fedprox(model.loss, **kw, aggregator=error_feedback(Identity()), num_clients=5)
     for a, b in zip(plain, trajectory(ident, {"w": jnp.zeros(6)}, q.data, 3), strict=True):
         np.testing.assert_array_equal(a.params["w"], b.params["w"])
 
@@ -700,7 +714,7 @@ def test_partial_participation_keeps_memory_and_counts_bytes():
         model.loss,
         num_clients=8,
         compressor=TopK(k=2),
-        step_size=0.1,
+        client_optimizer=0.1,
         local=LocalSpec(steps=2, batch_size=4),
         cohort=CohortSpec(size=3, weighting="uniform"),
     )
@@ -708,7 +722,13 @@ def test_partial_participation_keeps_memory_and_counts_bytes():
     state = alg.init({"w": jnp.zeros(6)}, key)
     for _ in range(3):
         new, metrics = jax.jit(alg.step)(state, q.data, key)
-        changed = np.any(np.asarray(new.uplink["w"] != state.uplink["w"]), axis=1)
+        changed = np.any(
+            np.asarray(
+                new.aggregator.rows["error_feedback"]["w"]
+                != state.aggregator.rows["error_feedback"]["w"]
+            ),
+            axis=1,
+        )
         assert changed.sum() <= 3
         cohort = np.asarray(
             CohortSpec(size=3).sample(round_key(key, state.round, 0), q.data.counts)[0]
@@ -731,7 +751,7 @@ def test_determinism_and_vmap_equals_loop():
             model.loss,
             num_clients=5,
             compressor=TopK(k=2),
-            step_size=schedules.diminishing(0.3, 0.6),
+            client_optimizer=schedules.diminishing(0.3, 0.6),
             inner_steps=5,
             batch_size=4,
             client_map=ClientMap(mode, 1),
@@ -744,9 +764,16 @@ def test_determinism_and_vmap_equals_loop():
     step = jax.jit(vmapped.step)
     a, b, c = run(vmapped, step), run(vmapped, step), run(looped, None)
     np.testing.assert_array_equal(a.params["w"], b.params["w"])
-    np.testing.assert_array_equal(a.uplink["w"], b.uplink["w"])
+    np.testing.assert_array_equal(
+        a.aggregator.rows["error_feedback"]["w"], b.aggregator.rows["error_feedback"]["w"]
+    )
     np.testing.assert_allclose(a.params["w"], c.params["w"], rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(a.uplink["w"], c.uplink["w"], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        a.aggregator.rows["error_feedback"]["w"],
+        c.aggregator.rows["error_feedback"]["w"],
+        rtol=1e-6,
+        atol=1e-6,
+    )
 
 
 def test_registered_and_validated():
@@ -758,8 +785,8 @@ def test_registered_and_validated():
     with pytest.raises(ValueError, match="inner_lr"):
         inexact_prox(inner_lr=0.0)
     with pytest.raises(ValueError, match="step size"):
-        fp_fedavg(model.loss, step_size=-1.0)
+        fp_fedavg(model.loss, client_optimizer=-1.0)
     alg = ef_fedavg(model.loss, num_clients=3)
     q = least_squares(num_clients=4, dim=3)
-    with pytest.raises(ValueError, match="uplink memory has 3 clients"):
+    with pytest.raises(ValueError, match="per-client memory was built for num_clients=3"):
         alg.step(alg.init({"w": jnp.zeros(3)}, None), q.data, jax.random.key(0))

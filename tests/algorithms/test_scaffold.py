@@ -50,8 +50,8 @@ def test_scaffold_matches_numpy_partial_participation_with_lr_decay(x64):
     alg = scaffold(
         MODEL.loss,
         num_clients=14,
-        client_lr=sched,
-        server_lr=0.8,
+        client_optimizer=sched,
+        server_optimizer=0.8,
         local=LocalSpec(steps=steps, sampling="full"),
         cohort=cohort,
     )
@@ -64,8 +64,8 @@ def test_scaffold_matches_numpy_partial_participation_with_lr_decay(x64):
         problem, [0.2, -0.5, 1.0], cohorts, lambda t: 0.08 * 0.95**t, steps, 0.8
     )
     np.testing.assert_allclose(state.params["w"], x, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(state.control["w"], c, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(state.client_controls["w"], ci, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(state.hooks["control_variates"]["w"], c, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(state.rows["control_variates"]["w"], ci, rtol=1e-10, atol=1e-12)
     never = set(range(14)) - set(np.concatenate(cohorts))
     assert never and all(np.all(ci[i] == 0) for i in never)  # untouched rows really exist
     assert int(metrics["participants"]) == 3
@@ -85,7 +85,7 @@ def test_scaffold_full_gradients_reach_optimum_fedavg_does_not(x64):
         )
         return np.asarray(run(alg.init({"w": jnp.zeros(3)}, key))[0].params["w"])
 
-    x_scaffold = final(scaffold(MODEL.loss, num_clients=6, client_lr=lr, local=local), 400)
+    x_scaffold = final(scaffold(MODEL.loss, num_clients=6, client_optimizer=lr, local=local), 400)
     x_fedavg = final(fedavg(MODEL.loss, client_optimizer=lr, local=local), 400)
     opt = problem.optimum()
     np.testing.assert_allclose(x_scaffold, opt, atol=1e-9)
@@ -100,7 +100,11 @@ def test_bernoulli_cohort_updates_only_selected_rows():
     cohort = CohortSpec(size=6, sampling="bernoulli", probability=0.15)
     key = jax.random.key(3)
     alg = scaffold(
-        MODEL.loss, num_clients=12, client_lr=0.05, local=LocalSpec(3, batch_size=2), cohort=cohort
+        MODEL.loss,
+        num_clients=12,
+        client_optimizer=0.05,
+        local=LocalSpec(3, batch_size=2),
+        cohort=cohort,
     )
     state = alg.init({"w": jnp.ones(3)}, key)
     step = jax.jit(alg.step)
@@ -109,13 +113,15 @@ def test_bernoulli_cohort_updates_only_selected_rows():
         ids, weights = cohort.sample(round_key(key, jnp.int32(t), COHORT), problem.data.counts)
         selected = np.asarray(ids)[np.asarray(weights) > 0]
         new, metrics = step(state, problem.data, key)
-        changed = np.any(new.client_controls["w"] != state.client_controls["w"], axis=1)
+        changed = np.any(
+            new.rows["control_variates"]["w"] != state.rows["control_variates"]["w"], axis=1
+        )
         np.testing.assert_array_equal(np.flatnonzero(changed), np.sort(selected))
         assert int(metrics["participants"]) == selected.size
         if selected.size == 0:
             seen_empty = True
             np.testing.assert_array_equal(new.params["w"], state.params["w"])
-            np.testing.assert_array_equal(new.control["w"], state.control["w"])
+            np.testing.assert_array_equal(new.hooks["control_variates"]["w"], state.hooks["control_variates"]["w"])
         state = new
     assert seen_empty
 
