@@ -84,16 +84,16 @@ def make_algorithm(name, loss, num_clients, args):
     if name == "FedAvg":
         return fedavg(loss, client_optimizer=client_sgd(lr), **common)
     if name == "FedAdam":
-        return fedadam_reddi(loss, server_lr=0.1, client_lr=lr, **common)
+        return fedadam_reddi(loss, server_optimizer=0.1, client_optimizer=lr, **common)
     if name == "SCAFFOLD":
-        return scaffold(loss, num_clients=num_clients, client_lr=lr, **common)
+        return scaffold(loss, num_clients=num_clients, client_optimizer=lr, **common)
     if name == "FedCM":
-        return fedcm(loss, alpha=0.1, client_lr=lr, **common)
+        return fedcm(loss, momentum=0.9, client_optimizer=lr, **common)
     if name == "FedDyn":
-        return feddyn(loss, num_clients=num_clients, alpha=0.1, client_lr=lr, **common)
+        return feddyn(loss, num_clients=num_clients, regularization=0.1, client_optimizer=lr, **common)
     if name == "FedSAM":
-        return fedsam(loss, rho=args.rho, client_lr=lr, **common)
-    return fedmim(loss, alpha=(0.6, 0.3), beta=(0.9, 0.1), client_lr=lr, **common)
+        return fedsam(loss, rho=args.rho, client_optimizer=lr, **common)
+    return fedmim(loss, momentum=(0.6, 0.3), lookahead=(0.9, 0.1), client_optimizer=lr, **common)
 
 
 def run_one(alg, model, data, test, args):

@@ -7,7 +7,6 @@ Bad flags or impossible settings print one error line and exit with code 2.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import json
 import os
@@ -18,96 +17,9 @@ from typing import Literal
 import tyro
 
 from fedjax_sim.bench.config import BenchConfig
+from fedjax_sim.config import RunConfig, UsageError, build_run, check_config, explicit_fields
 
 EXIT_USAGE = 2
-
-
-class UsageError(ValueError):
-    """A user error in the command line or config: reported in one line, exit code 2."""
-
-
-@dataclasses.dataclass
-class RunConfig:
-    """Run a federated simulation and write history.json/.csv/.png to --out."""
-
-    algorithm: str = "fedavg"
-    """Registered algorithm (see `fedjax-sim list`)."""
-    dataset: str = "digits"
-    """Registered dataset (see `fedjax-sim list`: digits, fashion_mnist, shakespeare, mnist,
-    cifar10, ...) or tfds:<catalogue name> (prepared on disk in array_record format)."""
-    data_dir: str | None = None
-    """Directory of dataset files (idx files, tfds data dir, Shakespeare texts)."""
-    partition: Literal["dirichlet", "iid", "shards", "quantity_skew"] = "dirichlet"
-    """How examples are split over clients."""
-    alpha: float = 0.5
-    """Dirichlet concentration (dirichlet partition) or alpha of fedprox_synthetic."""
-    shards_per_client: int = 2
-    """Shards per client (shards partition)."""
-    sigma: float = 1.0
-    """Log-normal sigma of client sizes (quantity_skew partition)."""
-    num_clients: int = 100
-    """Number of simulated clients C."""
-    model: str = "mlp"
-    """Registered model: logistic, mlp, cnn, lstm, gru (character models for shakespeare)."""
-    hidden: tuple[int, ...] = (64,)
-    """Hidden widths of the MLP."""
-    l2: float = 0.0
-    """L2 penalty l2/2 ||w||^2 added to each client's loss."""
-    rounds: int = 200
-    """Number of communication rounds."""
-    cohort_size: int | None = 10
-    """Clients per round (None = all)."""
-    cohort_sampling: Literal["uniform", "proportional"] = "uniform"
-    """Uniform without replacement, or with replacement proportional to client size."""
-    weighting: Literal["auto", "counts", "uniform"] = "auto"
-    """Aggregation weights of client updates."""
-    client_lr: float = 0.1
-    """Local SGD learning rate (FedSGD: the server learning rate)."""
-    client_lr_decay: float = 1.0
-    """Per-round decay of the local learning rate, `client_lr * decay^t` (the FedMIM paper's
-    0.998), for algorithms whose client learning rate may be a schedule."""
-    server_lr: float = 1.0
-    """Server learning rate (1.0 with SGD = plain averaging)."""
-    local_steps: int = 10
-    """Local steps per round (ignored when --local-epochs is set)."""
-    local_epochs: float | None = None
-    """Local epochs per round (steps then differ across clients)."""
-    batch_size: int = 16
-    """Local minibatch size."""
-    sampling: Literal["replacement", "epoch", "full", "fixed"] = "replacement"
-    """How local minibatches are drawn."""
-    mu: float = 0.01
-    """FedProx proximal coefficient."""
-    straggler_fraction: float = 0.0
-    """Fraction of each cohort that straggles (FedProx keeps partial work, others drop)."""
-    hparams: tuple[str, ...] = ()
-    """Extra algorithm hyper-parameters as key=value (e.g. --hparams momentum=0.9)."""
-    client_map: Literal["auto", "vmap", "map"] = "auto"
-    """How clients are mapped: vmap (accelerators), map = lax.map in chunks (CPU)."""
-    map_batch_size: int | None = None
-    """Clients per chunk in map mode."""
-    devices: int | None = None
-    """Shard the client axis over this many devices (on CPU: virtual devices). With
-    multi-process flags the default is every device of every process."""
-    coordinator: str | None = None
-    """Multi-process: coordinator host:port, or "auto" for SLURM/MPI/TPU-pod auto-detection
-    (or env FEDJAX_SIM_COORDINATOR)."""
-    num_processes: int | None = None
-    """Multi-process: number of processes (or env FEDJAX_SIM_NUM_PROCESSES)."""
-    process_id: int | None = None
-    """Multi-process: this process's id (or env FEDJAX_SIM_PROCESS_ID)."""
-    eval_every: int = 20
-    """Rounds between evaluations (one compiled scan chunk each)."""
-    seed: int = 0
-    """Seed of the run key and of the partition."""
-    out: str = "results/{algorithm}_{dataset}"
-    """Results folder ({algorithm} and {dataset} are filled in)."""
-    checkpoint_every: int | None = None
-    """Checkpoint the full state every N rounds (into OUT/checkpoints)."""
-    resume: bool = False
-    """Resume from the latest checkpoint in OUT/checkpoints."""
-    progress: bool = True
-    """Show a progress bar."""
 
 
 @dataclasses.dataclass
@@ -118,64 +30,6 @@ class ListConfig:
 
 
 # ------------------------------------------------------------------------------ run
-def _check_config(cfg: RunConfig) -> None:
-    from fedjax_sim import algorithms, data, models
-
-    if cfg.algorithm not in algorithms.ALGORITHMS:
-        raise UsageError(
-            f"unknown algorithm {cfg.algorithm!r}; choose from {sorted(algorithms.ALGORITHMS)}"
-        )
-    if not data.is_registered(cfg.dataset):
-        raise UsageError(
-            f"unknown dataset {cfg.dataset!r}; choose from {sorted(data.DATASETS)} "
-            f"or tfds:<catalogue name>"
-        )
-    if cfg.model not in models.MODELS:
-        raise UsageError(f"unknown model {cfg.model!r}; choose from {sorted(models.MODELS)}")
-    positive = {
-        "rounds": cfg.rounds,
-        "num_clients": cfg.num_clients,
-        "local_steps": cfg.local_steps,
-        "batch_size": cfg.batch_size,
-        "eval_every": cfg.eval_every,
-    }
-    for name, value in positive.items():
-        if value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    for name, value in {"client_lr": cfg.client_lr, "server_lr": cfg.server_lr}.items():
-        if not value > 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {value}")
-    if cfg.cohort_size is not None:
-        if cfg.cohort_size < 1:
-            raise UsageError(f"--cohort-size must be >= 1, got {cfg.cohort_size}")
-        if cfg.cohort_size > cfg.num_clients and cfg.cohort_sampling == "uniform":
-            raise UsageError(
-                f"--cohort-size {cfg.cohort_size} exceeds --num-clients {cfg.num_clients}"
-            )
-    if cfg.alpha <= 0 and cfg.partition == "dirichlet" and cfg.dataset != "shakespeare":
-        raise UsageError(f"--alpha must be > 0, got {cfg.alpha}")
-    if cfg.mu < 0:
-        raise UsageError(f"--mu must be >= 0, got {cfg.mu}")
-    if not 0 <= cfg.straggler_fraction <= 1:
-        raise UsageError(f"--straggler-fraction must be in [0, 1], got {cfg.straggler_fraction}")
-    if cfg.devices is not None and cfg.devices < 1:
-        raise UsageError(f"--devices must be >= 1, got {cfg.devices}")
-
-
-def parse_hparams(items: Sequence[str]) -> dict[str, object]:
-    """`["momentum=0.9", "server=adam"]` -> `{"momentum": 0.9, "server": "adam"}`."""
-    out: dict[str, object] = {}
-    for item in items:
-        name, sep, raw = item.partition("=")
-        if not sep or not name:
-            raise UsageError(f"--hparams entries must look like key=value, got {item!r}")
-        try:
-            out[name] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            out[name] = raw
-    return out
-
-
 def _setup_devices(cfg: RunConfig):
     """Multi-process initialisation and the client mesh (None for a single device). Must run
     before anything touches a JAX device (virtual CPU devices are an XLA flag)."""
@@ -200,91 +54,13 @@ def _setup_devices(cfg: RunConfig):
     return client_mesh(cfg.devices)
 
 
-def build_run(cfg: RunConfig, mesh=None):
-    """`(dataset, model, algorithm, client_map)` for a run config (UsageError on bad
-    settings). With a multi-process `mesh`, each process keeps only its clients' rows."""
-    import jax
-
-    from fedjax_sim import algorithms, data, models
-    from fedjax_sim.algorithms.core import CohortSpec, LocalSpec, Stragglers
-    from fedjax_sim.parallel import ClientMap
-    from fedjax_sim.schedules import client_sgd, round_decay
-
-    _check_config(cfg)
-    load_kwargs: dict[str, object] = {"num_clients": cfg.num_clients, "seed": cfg.seed}
-    if cfg.dataset == "fedprox_synthetic":
-        load_kwargs.update(alpha=cfg.alpha, beta=cfg.alpha)
-    elif cfg.dataset == "shakespeare":  # natural per-speaker partition
-        if cfg.data_dir:
-            load_kwargs["data_dir"] = cfg.data_dir
-    elif cfg.dataset == "shifted_minority":  # natural split: no partition options
-        pass
-    else:
-        load_kwargs["partitioner"] = cfg.partition
-        load_kwargs.update(
-            {
-                "dirichlet": {"alpha": cfg.alpha},
-                "shards": {"per_client": cfg.shards_per_client},
-                "quantity_skew": {"sigma": cfg.sigma},
-                "iid": {},
-            }[cfg.partition]
-        )
-        if cfg.data_dir:
-            load_kwargs["data_dir"] = cfg.data_dir
-    dataset = data.load(cfg.dataset, **load_kwargs)
-    if mesh is not None and jax.process_count() > 1:
-        from fedjax_sim import distributed
-
-        train = distributed.local_rows(dataset.train, mesh, cfg.num_clients)
-        dataset = dataset._replace(train=distributed.globalize(train, mesh, cfg.num_clients))
-    model_kwargs: dict[str, object] = {"l2": cfg.l2}
-    if cfg.model == "mlp":
-        model_kwargs["hidden"] = cfg.hidden
-    model = models.build(cfg.model, dataset.feature_shape, dataset.num_classes, **model_kwargs)
-
-    client_map = ClientMap(cfg.client_map, cfg.map_batch_size, mesh=mesh)
-    client_lr = cfg.client_lr
-    if cfg.client_lr_decay != 1.0:
-        client_lr = round_decay(cfg.client_lr, cfg.client_lr_decay)
-    common = {
-        "client_optimizer": client_sgd(client_lr) if cfg.client_lr_decay != 1.0 else client_lr,
-        "client_lr": client_lr,
-        "server_optimizer": cfg.server_lr,
-        "server_lr": cfg.server_lr,
-        "learning_rate": cfg.client_lr,
-        "local": LocalSpec(
-            steps=cfg.local_steps,
-            epochs=cfg.local_epochs,
-            batch_size=cfg.batch_size,
-            sampling=cfg.sampling,
-        ),
-        "cohort": CohortSpec(cfg.cohort_size, cfg.cohort_sampling, cfg.weighting),
-        "client_map": client_map,
-        "mu": cfg.mu,
-        "num_clients": dataset.train.num_clients,
-        "data": dataset.train,  # for factories built from the data (FedLPS' graph)
-    }
-    if cfg.straggler_fraction > 0:
-        policy = "partial" if cfg.algorithm == "fedprox" else "drop"
-        common["stragglers"] = Stragglers(cfg.straggler_fraction, policy)
-    extra = parse_hparams(cfg.hparams)
-    accepted = algorithms.accepted_kwargs(cfg.algorithm)
-    unknown = set(extra) - accepted if accepted is not None else set()
-    if unknown:
-        raise UsageError(
-            f"--hparams {sorted(unknown)} not accepted by {cfg.algorithm}; "
-            f"it takes {sorted(accepted)}"
-        )
-    algorithm = algorithms.build(cfg.algorithm, model.loss, **{**common, **extra})
-    return dataset, model, algorithm, client_map
-
-
-def run(cfg: RunConfig) -> int:
+def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
+    """`fedjax-sim run`; `explicit` names the fields set on the command line or in --config."""
     out_dir = cfg.out.format(algorithm=cfg.algorithm, dataset=cfg.dataset)
     try:
-        _check_config(cfg)
+        check_config(cfg)
         mesh = _setup_devices(cfg)
-        dataset, model, algorithm, client_map = build_run(cfg, mesh)
+        dataset, model, algorithm, client_map = build_run(cfg, mesh, explicit)
     except (ValueError, TypeError, FileNotFoundError) as e:  # bad settings or missing data
         raise UsageError(str(e)) from e
     import jax
@@ -350,7 +126,7 @@ def list_registered(cfg: ListConfig) -> int:
     from fedjax_sim import algorithms, data, models
 
     sections: dict[str, list[str]] = {
-        "algorithms": [f"{n:14s} {algorithms.describe(n)}" for n in sorted(algorithms.ALGORITHMS)],
+        "algorithms": [_algorithm_line(n) for n in sorted(algorithms.ALGORITHMS)],
         "datasets": [f"{n:14s} {_first_line(f)}" for n, f in sorted(data.DATASETS.items())]
         + [f"{'tfds:<name>':14s} any tfds catalogue dataset prepared on disk (array_record)"],
         "partitioners": [f"{n:14s} {_first_line(f)}" for n, f in sorted(data.PARTITIONERS.items())],
@@ -361,6 +137,32 @@ def list_registered(cfg: ListConfig) -> int:
             print(f"{name}:")
             print("\n".join(f"  {line}" for line in lines))
     return 0
+
+
+def _algorithm_line(name: str) -> str:
+    """`name  description` and, indented below, its own hyper-parameters with defaults and
+    the common options it takes."""
+    from fedjax_sim import algorithms
+    from fedjax_sim.algorithms.compose import OPTION_NAMES
+    from fedjax_sim.config import hyper_parameters
+
+    params = hyper_parameters(algorithms.ALGORITHMS[name])
+    own = [
+        f"{p.name}=<required>" if p.default is p.empty else f"{p.name}={_short(p.default)}"
+        for p in params.values()
+        if p.name not in OPTION_NAMES and p.name != "client_map"
+    ]
+    options = [p for p in params if p in OPTION_NAMES]
+    return (
+        f"{name:14s} {algorithms.describe(name)}\n"
+        f"{'':16s} hyper-parameters: {', '.join(own) or '-'}\n"
+        f"{'':16s} options: {', '.join(options)}"
+    )
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else type(value).__name__ + "(...)"
 
 
 def _first_line(obj: Callable) -> str:
@@ -421,6 +223,19 @@ def _load_config_file(cls: type, argv: list[str]) -> tuple[object | None, list[s
     return cls(**values), rest
 
 
+def _flags_given(cls: type, args: Sequence[str]) -> set[str]:
+    """Fields of `cls` named by `--flag` / `--flag=value` / `--no-flag` in `args`."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    given = set()
+    for arg in args:
+        if arg.startswith("--"):
+            name = arg[2:].split("=", 1)[0].replace("-", "_")
+            name = name[3:] if name.startswith("no_") and name[3:] in fields else name
+            if name in fields:
+                given.add(name)
+    return given
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
@@ -442,6 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         default, rest = _load_config_file(cls, argv[1:])
         cfg = tyro.cli(cls, args=rest, default=default, prog=f"fedjax-sim {argv[0]}")
+        if handler is run:
+            from_file = set() if default is None else explicit_fields(default)
+            return run(cfg, from_file | _flags_given(cls, rest))
         return handler(cfg)
     except UsageError as e:
         print(f"fedjax-sim: error: {e}", file=sys.stderr)

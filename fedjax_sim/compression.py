@@ -18,16 +18,11 @@ levels; `scaled=True` divides by `1 + omega`, which makes it contractive). The p
 top-k (1% of the parameters); it cites scaled sign and a ternary quantizer (QSGD with one
 level is the l2-normed ternary quantizer; spec 7.7's inf-norm variant is not provided).
 
-Uplinks are what a client does to its model delta before sending it; any algorithm built on
-`fedjax_sim.algorithms.fedavg.local_update_round` takes one (`uplink=`):
-
-- `ErrorFeedback(compressor, num_clients)` (Algorithm 2): per-client memory `e [C, ...]`,
-  `u_i = Delta_i + e_i`, send `q_i = Q(u_i)`, keep `e_i <- u_i - q_i`. Clients that do not
-  send (not in the cohort, weight 0) keep their memory unchanged (spec 7.10).
-- `Compressed(compressor)`: send `Q(Delta_i)`, no memory (FedPAQ-style, `e = 0`).
-
-Algorithms with their own round function reuse `ErrorFeedback.apply` per client and keep
-`init`'s memory in their state.
+Compression of uploads works with every algorithm through the aggregators of
+`fedjax_sim.algorithms.compose`: `error_feedback(compressor)` (Algorithm 2: per-client memory
+`e [C, ...]`, `u_i = Delta_i + e_i`, send `Q(u_i)`, keep `e_i <- u_i - Q(u_i)`; clients that
+do not send keep their memory, spec 7.10) and `compressed(compressor)` (send `Q(Delta_i)`, no
+memory: FedPAQ-style, `e = 0`).
 """
 
 from __future__ import annotations
@@ -244,63 +239,3 @@ def tree_payload_bytes(compressor: Compressor, tree: Params) -> int:
     d = tree_dim(tree)
     itemsize = tree_size_bytes(tree) // max(d, 1)
     return compressor.payload_bytes(d, itemsize)
-
-
-# ------------------------------------------------------------------------------ uplinks
-class Uplink(Protocol):
-    """What a client does to its update before sending it (see module docstring)."""
-
-    def init(self, params: Params) -> Any:
-        """Per-client memory stacked on axis 0 for all C clients (None if stateless)."""
-
-    def apply(self, delta: Params, memory: Any, key: jax.Array) -> tuple[Params, Any]:
-        """`(sent, new_memory)` of one client."""
-
-    def payload_bytes(self, params: Params) -> int:
-        """Bytes one client sends."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ErrorFeedback:
-    """Algorithm 2's client side: `u = Delta + e`, send `q = Q(u)`, keep `e <- u - q`.
-
-    Attributes:
-      compressor: a contractive compressor (e.g. `TopK(fraction=0.01)`).
-      num_clients: C, the number of rows of the error memory `e [C, ...]` (`e^0 = 0`).
-    """
-
-    compressor: Compressor
-    num_clients: int
-
-    def __post_init__(self):
-        if not isinstance(self.num_clients, int) or self.num_clients < 1:
-            raise ValueError(f"error feedback needs num_clients >= 1, got {self.num_clients!r}")
-
-    def init(self, params):
-        return jax.tree.map(
-            lambda p: jnp.zeros((self.num_clients, *jnp.shape(p)), jnp.result_type(p)), params
-        )
-
-    def apply(self, delta, memory, key):
-        u = jax.tree.map(jnp.add, delta, memory)
-        q = compress_tree(self.compressor, u, key)
-        return q, jax.tree.map(jnp.subtract, u, q)
-
-    def payload_bytes(self, params):
-        return tree_payload_bytes(self.compressor, params)
-
-
-@dataclasses.dataclass(frozen=True)
-class Compressed:
-    """Sends `Q(Delta)` without memory (FedPAQ-style; the paper's `e = 0` special case)."""
-
-    compressor: Compressor
-
-    def init(self, params):
-        return None
-
-    def apply(self, delta, memory, key):
-        return compress_tree(self.compressor, delta, key), None
-
-    def payload_bytes(self, params):
-        return tree_payload_bytes(self.compressor, params)

@@ -78,7 +78,7 @@ def stateful_algorithms(client_map):
         "scaffold": scaffold(
             model.loss,
             num_clients=16,
-            client_lr=0.05,
+            client_optimizer=0.05,
             local=local,
             cohort=CohortSpec(size=10),
             client_map=client_map,

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from fedjax_sim import compression as C
+from fedjax_sim.algorithms import fedavg
+from fedjax_sim.algorithms.compose import error_feedback
 
 
 def vec(seed, d=200):
@@ -90,13 +92,15 @@ def test_compress_tree_is_global_across_leaves():
 @pytest.mark.parametrize("compressor", [C.TopK(k=3), C.ScaledSign(), C.Identity()])
 def test_error_memory_identity(compressor):
     """e^{k+1} = u - Q(u); ||e^{k+1}||^2 <= (1 - delta)||u||^2; with top-k q + e == u exactly."""
-    ef = C.ErrorFeedback(compressor, num_clients=4)
+    ef = error_feedback(compressor)
     params = {"w": jnp.zeros(20), "b": jnp.zeros(())}
-    memory = ef.init(params)
+    server, rows = ef.init(params, 4)
+    memory = rows["error_feedback"]
     assert memory["w"].shape == (4, 20) and memory["b"].shape == (4,)
     e = {"w": vec(6, 20) * 0.3, "b": jnp.float32(0.7)}
     delta = {"w": vec(7, 20), "b": jnp.float32(-1.0)}
-    q, e_new = ef.apply(delta, e, jax.random.key(0))
+    q, new_rows = ef.encode(delta, {"error_feedback": e}, jax.random.key(0), server)
+    e_new = new_rows["error_feedback"]
     u = jax.tree.map(jnp.add, delta, e)
     flat = lambda t: np.concatenate([np.ravel(t["b"]), np.ravel(t["w"])])
     assert np.sum(flat(e_new) ** 2) <= (1 - compressor.delta(21)) * np.sum(flat(u) ** 2) + 1e-6
@@ -116,6 +120,6 @@ def test_bad_compressors_raise():
     with pytest.raises(ValueError, match="levels"):
         C.QSGD(levels=0)
     with pytest.raises(ValueError, match="num_clients"):
-        C.ErrorFeedback(C.Identity(), 0)
+        fedavg(lambda p, b: 0.0, aggregator=error_feedback(C.Identity()), num_clients=0)
     with pytest.raises(ValueError, match="unknown compressor"):
         C.make("gzip")

@@ -100,12 +100,12 @@ mlp = models.mlp(ds.feature_shape, ds.num_classes, hidden=(64,))
 C = ds.train.num_clients
 sync = dict(local=LocalSpec(steps=10, batch_size=16), cohort=CohortSpec(size=10), client_map=VMAP)
 algorithms = {
-    "FedMIM": fedmim(mlp.loss, client_lr=0.1, **sync),
+    "FedMIM": fedmim(mlp.loss, client_optimizer=0.1, **sync),
     "FedAvg": fedavg(mlp.loss, client_optimizer=0.1, **sync),
-    "FedCM": fedcm(mlp.loss, client_lr=0.1, **sync),
-    "SCAFFOLD": scaffold(mlp.loss, num_clients=C, client_lr=0.1, **sync),
-    "FedDyn": feddyn(mlp.loss, num_clients=C, client_lr=0.1, **sync),
-    "FedSAM": fedsam(mlp.loss, client_lr=0.1, **sync),
+    "FedCM": fedcm(mlp.loss, client_optimizer=0.1, **sync),
+    "SCAFFOLD": scaffold(mlp.loss, num_clients=C, client_optimizer=0.1, **sync),
+    "FedDyn": feddyn(mlp.loss, num_clients=C, client_optimizer=0.1, **sync),
+    "FedSAM": fedsam(mlp.loss, client_optimizer=0.1, **sync),
 }
 params0 = mlp.init(KEY)
 fig, ax = plt.subplots(figsize=(7, 4))
@@ -159,7 +159,7 @@ plt.show()
 # memory that is added to the next update. Accuracy against the bytes the clients uploaded:
 
 # %%
-fp_kw = dict(step_size=1.0, local=LocalSpec(steps=10, batch_size=16), client_map=VMAP)
+fp_kw = dict(client_optimizer=1.0, local=LocalSpec(steps=10, batch_size=16), client_map=VMAP)
 algorithms = {
     "FedAvg (full precision)": fp_fedavg(mlp.loss, **fp_kw),
     "EF-FedAvg top-10%": ef_fedavg(mlp.loss, num_clients=C, compression_fraction=0.1, **fp_kw),

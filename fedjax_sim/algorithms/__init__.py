@@ -56,13 +56,18 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
 _DESCRIPTIONS: dict[str, str] = {}
 
 
+def _first_paragraph(factory: Callable) -> str:
+    doc = inspect.getdoc(factory) or ""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
 def register(name: str, factory: Callable[..., Algorithm], description: str | None = None) -> None:
     """Adds `factory(loss_fn, *, **hyper_parameters) -> Algorithm` to the registry;
-    `description` defaults to the first line of its docstring."""
+    `description` defaults to the first paragraph of its docstring."""
     if name in ALGORITHMS:
         raise ValueError(f"algorithm {name!r} is already registered")
     ALGORITHMS[name] = factory
-    _DESCRIPTIONS[name] = description or (inspect.getdoc(factory) or "").split("\n")[0]
+    _DESCRIPTIONS[name] = description or _first_paragraph(factory)
 
 
 register("fedavg", fedavg)
@@ -107,27 +112,16 @@ register("fednova", fednova)
 
 
 def describe(name: str) -> str:
-    """One-line description of a registered algorithm."""
+    """One-line description of a registered algorithm (never cut mid-sentence)."""
     return _DESCRIPTIONS[name]
 
 
 def build(name: str, loss_fn: Callable, **kwargs: Any) -> Algorithm:
-    """Builds a registered algorithm, passing only the keyword arguments its factory accepts
-    (after checking that every user-chosen one is accepted; see `accepted_kwargs`)."""
+    """Builds a registered algorithm; an argument it does not take is a TypeError (nothing is
+    dropped silently)."""
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; choose from {sorted(ALGORITHMS)}")
-    accepted = accepted_kwargs(name)
-    if accepted is None:
-        return ALGORITHMS[name](loss_fn, **kwargs)
-    return ALGORITHMS[name](loss_fn, **{k: v for k, v in kwargs.items() if k in accepted})
-
-
-def accepted_kwargs(name: str) -> set[str] | None:
-    """Keyword arguments of a factory (None if it takes **kwargs: everything is passed on)."""
-    params = inspect.signature(ALGORITHMS[name]).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None
-    return {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+    return ALGORITHMS[name](loss_fn, **kwargs)
 
 
 __all__ = [
@@ -139,7 +133,6 @@ __all__ = [
     "LocalResult",
     "LocalSpec",
     "Stragglers",
-    "accepted_kwargs",
     "adam_without_bias_correction",
     "build",
     "client_key",

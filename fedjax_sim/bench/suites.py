@@ -224,7 +224,7 @@ class Session:
             if getattr(cfg, k) is not None
         }
         if cfg.hparams:
-            from fedjax_sim.cli import parse_hparams
+            from fedjax_sim.config import parse_hparams
 
             overrides["hparams"] = tuple(sorted(parse_hparams(cfg.hparams).items()))
         w = w.replace(**overrides)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 from typing import Any, NamedTuple
 
 import jax
@@ -20,6 +19,7 @@ from jax import lax
 
 from fedjax_sim import algorithms, distributed, models
 from fedjax_sim.algorithms.core import Algorithm, CohortSpec, LocalSpec
+from fedjax_sim.config import hyper_parameters
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.base import Model
 from fedjax_sim.parallel import ClientMap, client_mesh
@@ -259,26 +259,22 @@ def client_map(w: Workload) -> ClientMap:
 
 
 def algorithm_kwargs(w: Workload, data: FederatedData | None = None) -> dict[str, Any]:
-    """Generic keyword arguments offered to every factory (each gets those it accepts).
-
-    Learning rates are offered under all names used in the project (`client_optimizer`,
-    `client_lr`, `learning_rate`); `num_clients` sizes per-client state; `data` is offered to
-    factories that precompute something from the training data. Asynchronous algorithms get
-    `firing_probability=1`, `capacity=None` and `delta=C`: every client fires and is trained
-    in each event iteration, aggregated once, so one `step` does a FedAvg round's work.
-    """
+    """Generic keyword arguments offered to every factory (each gets those it takes, see
+    `make_algorithm`): the client/server optimizers, local work, full participation and
+    `num_clients`; `data` for factories that precompute something from the training data.
+    Asynchronous algorithms get `firing_probability=1`, `capacity=None` and `buffer_size=C`:
+    every client fires and is trained in each event iteration, aggregated once, so one `step`
+    does a FedAvg round's work."""
     kw: dict[str, Any] = {
         "client_optimizer": CLIENT_LR,
-        "client_lr": CLIENT_LR,
-        "learning_rate": CLIENT_LR,
         "server_optimizer": 1.0,
-        "server_lr": 1.0,
         "local": LocalSpec(steps=w.local_steps, batch_size=w.batch_size),
         "cohort": CohortSpec(),
         "client_map": client_map(w),
         "num_clients": w.clients,
         "firing_probability": 1.0,
         "capacity": None,
+        "buffer_size": w.clients,
         "delta": w.clients,
     }
     if data is not None:
@@ -289,17 +285,14 @@ def algorithm_kwargs(w: Workload, data: FederatedData | None = None) -> dict[str
 
 def missing_required(name: str, offered: dict[str, Any]) -> list[str]:
     """Required keyword-only arguments of a factory that `offered` does not provide."""
-    params = inspect.signature(algorithms.ALGORITHMS[name]).parameters.values()
-    return [
-        p.name
-        for p in params
-        if p.kind is p.KEYWORD_ONLY and p.default is p.empty and p.name not in offered
-    ]
+    params = hyper_parameters(algorithms.ALGORITHMS[name]).values()
+    return [p.name for p in params if p.default is p.empty and p.name not in offered]
 
 
 def make_algorithm(w: Workload, data: FederatedData | None = None) -> Algorithm:
-    """Builds `w.algorithm` through the registry (ValueError naming any required
-    hyper-parameter the generic workload cannot provide)."""
+    """Builds `w.algorithm` through the registry with the offered arguments it takes
+    (ValueError naming any required hyper-parameter the generic workload cannot provide, or
+    a `--hparams` name it does not take)."""
     offered = algorithm_kwargs(w, data)
     if w.algorithm not in algorithms.ALGORITHMS:
         raise ValueError(
@@ -308,8 +301,13 @@ def make_algorithm(w: Workload, data: FederatedData | None = None) -> Algorithm:
     missing = missing_required(w.algorithm, offered)
     if missing:
         raise ValueError(f"{w.algorithm} requires hyper-parameters {missing} (pass --hparams)")
+    takes = hyper_parameters(algorithms.ALGORITHMS[w.algorithm])
+    unknown = set(dict(w.hparams)) - set(takes)
+    if unknown:
+        raise ValueError(f"--hparams {sorted(unknown)} not accepted by {w.algorithm}")
     model = make_model(w)
-    return algorithms.build(w.algorithm, model.loss, **offered)
+    kwargs = {k: v for k, v in offered.items() if k in takes}
+    return algorithms.build(w.algorithm, model.loss, **kwargs)
 
 
 def build(w: Workload, seed: int = 0) -> Built:

@@ -1,0 +1,357 @@
+"""Run configuration and its assembly into data, model and algorithm (used by the CLI, the
+sweeps and the benchmarks; no import of the CLI).
+
+Every flag that names a concept reaches every algorithm that has it: `--client-lr` (and
+`--client-lr-decay`) is the `client_optimizer` of every preset, `--server-lr` its
+`server_optimizer`, the local-work flags its `local`, the cohort flags its `cohort`,
+`--straggler-fraction` its `stragglers`, `--mu` FedProx's `mu`; `--hparams key=value` sets any
+other hyper-parameter of the chosen algorithm (type-checked against its default). A flag the
+user set that the chosen algorithm does not use is an error, not silently dropped.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import math
+from collections.abc import Collection, Sequence
+from typing import Any, Literal
+
+
+class UsageError(ValueError):
+    """A user error in the command line or config: reported in one line, exit code 2."""
+
+
+@dataclasses.dataclass
+class RunConfig:
+    """Run a federated simulation and write history.json/.csv/.png to --out."""
+
+    algorithm: str = "fedavg"
+    """Registered algorithm (see `fedjax-sim list`)."""
+    dataset: str = "digits"
+    """Registered dataset (see `fedjax-sim list`: digits, fashion_mnist, shakespeare, mnist,
+    cifar10, ...) or tfds:<catalogue name> (prepared on disk in array_record format)."""
+    data_dir: str | None = None
+    """Directory of dataset files (idx files, tfds data dir, Shakespeare texts)."""
+    partition: Literal["dirichlet", "iid", "shards", "quantity_skew"] = "dirichlet"
+    """How examples are split over clients."""
+    alpha: float = 0.5
+    """Dirichlet concentration (dirichlet partition) or alpha of fedprox_synthetic."""
+    shards_per_client: int = 2
+    """Shards per client (shards partition)."""
+    sigma: float = 1.0
+    """Log-normal sigma of client sizes (quantity_skew partition)."""
+    num_clients: int = 100
+    """Number of simulated clients C."""
+    model: str = "mlp"
+    """Registered model: logistic, mlp, cnn, lstm, gru (character models for shakespeare)."""
+    hidden: tuple[int, ...] = (64,)
+    """Hidden widths of the MLP."""
+    l2: float = 0.0
+    """L2 penalty l2/2 ||w||^2 added to each client's loss."""
+    rounds: int = 200
+    """Number of communication rounds."""
+    cohort_size: int | None = 10
+    """Clients per round (None = all)."""
+    cohort_sampling: Literal["uniform", "proportional"] = "uniform"
+    """Uniform without replacement, or with replacement proportional to client size."""
+    weighting: Literal["auto", "counts", "uniform"] = "auto"
+    """Aggregation weights of client updates."""
+    client_lr: float = 0.1
+    """Local SGD learning rate (FedSGD: the server learning rate)."""
+    client_lr_decay: float = 1.0
+    """Per-round decay of the local learning rate, `client_lr * decay^t` (the FedMIM paper's
+    0.998), for algorithms whose client learning rate may be a schedule."""
+    server_lr: float = 1.0
+    """Server learning rate (1.0 with SGD = plain averaging)."""
+    local_steps: int = 10
+    """Local steps per round (ignored when --local-epochs is set)."""
+    local_epochs: float | None = None
+    """Local epochs per round (steps then differ across clients)."""
+    batch_size: int = 16
+    """Local minibatch size."""
+    sampling: Literal["replacement", "epoch", "full", "fixed"] = "replacement"
+    """How local minibatches are drawn."""
+    mu: float = 0.01
+    """FedProx proximal coefficient."""
+    straggler_fraction: float = 0.0
+    """Fraction of each cohort that straggles (FedProx keeps partial work, others drop)."""
+    hparams: tuple[str, ...] = ()
+    """Extra algorithm hyper-parameters as key=value (e.g. --hparams momentum=0.9)."""
+    client_map: Literal["auto", "vmap", "map"] = "auto"
+    """How clients are mapped: vmap (accelerators), map = lax.map in chunks (CPU)."""
+    map_batch_size: int | None = None
+    """Clients per chunk in map mode."""
+    devices: int | None = None
+    """Shard the client axis over this many devices (on CPU: virtual devices). With
+    multi-process flags the default is every device of every process."""
+    coordinator: str | None = None
+    """Multi-process: coordinator host:port, or "auto" for SLURM/MPI/TPU-pod auto-detection
+    (or env FEDJAX_SIM_COORDINATOR)."""
+    num_processes: int | None = None
+    """Multi-process: number of processes (or env FEDJAX_SIM_NUM_PROCESSES)."""
+    process_id: int | None = None
+    """Multi-process: this process's id (or env FEDJAX_SIM_PROCESS_ID)."""
+    eval_every: int = 20
+    """Rounds between evaluations (one compiled scan chunk each)."""
+    seed: int = 0
+    """Seed of the run key and of the partition."""
+    out: str = "results/{algorithm}_{dataset}"
+    """Results folder ({algorithm} and {dataset} are filled in)."""
+    checkpoint_every: int | None = None
+    """Checkpoint the full state every N rounds (into OUT/checkpoints)."""
+    resume: bool = False
+    """Resume from the latest checkpoint in OUT/checkpoints."""
+    progress: bool = True
+    """Show a progress bar."""
+
+
+def check_config(cfg: RunConfig) -> None:
+    """Raises UsageError for impossible generic settings (before anything is built)."""
+    from fedjax_sim import algorithms, data, models
+
+    if cfg.algorithm not in algorithms.ALGORITHMS:
+        raise UsageError(
+            f"unknown algorithm {cfg.algorithm!r}; choose from {sorted(algorithms.ALGORITHMS)}"
+        )
+    if not data.is_registered(cfg.dataset):
+        raise UsageError(
+            f"unknown dataset {cfg.dataset!r}; choose from {sorted(data.DATASETS)} "
+            f"or tfds:<catalogue name>"
+        )
+    if cfg.model not in models.MODELS:
+        raise UsageError(f"unknown model {cfg.model!r}; choose from {sorted(models.MODELS)}")
+    positive = {
+        "rounds": cfg.rounds,
+        "num_clients": cfg.num_clients,
+        "local_steps": cfg.local_steps,
+        "batch_size": cfg.batch_size,
+        "eval_every": cfg.eval_every,
+    }
+    for name, value in positive.items():
+        if value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    for name, value in {"client_lr": cfg.client_lr, "server_lr": cfg.server_lr}.items():
+        if not value > 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+    if cfg.cohort_size is not None:
+        if cfg.cohort_size < 1:
+            raise UsageError(f"--cohort-size must be >= 1, got {cfg.cohort_size}")
+        if cfg.cohort_size > cfg.num_clients and cfg.cohort_sampling == "uniform":
+            raise UsageError(
+                f"--cohort-size {cfg.cohort_size} exceeds --num-clients {cfg.num_clients}"
+            )
+    if cfg.alpha <= 0 and cfg.partition == "dirichlet" and cfg.dataset != "shakespeare":
+        raise UsageError(f"--alpha must be > 0, got {cfg.alpha}")
+    if cfg.mu < 0:
+        raise UsageError(f"--mu must be >= 0, got {cfg.mu}")
+    if not 0 <= cfg.straggler_fraction <= 1:
+        raise UsageError(f"--straggler-fraction must be in [0, 1], got {cfg.straggler_fraction}")
+    if cfg.devices is not None and cfg.devices < 1:
+        raise UsageError(f"--devices must be >= 1, got {cfg.devices}")
+
+
+def parse_hparams(items: Sequence[str]) -> dict[str, object]:
+    """`["momentum=0.9", "server=adam"]` -> `{"momentum": 0.9, "server": "adam"}`."""
+    out: dict[str, object] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--hparams entries must look like key=value, got {item!r}")
+        try:
+            out[name] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            out[name] = raw
+    return out
+
+
+def build_run(cfg: RunConfig, mesh=None, explicit: Collection[str] | None = None):
+    """`(dataset, model, algorithm, client_map)` for a run config (UsageError on bad
+    settings). `explicit` names the fields the user set (default: those that differ from
+    `RunConfig()`); an explicit flag the algorithm cannot use is an error. With a
+    multi-process `mesh`, each process keeps only its clients' rows."""
+    import jax
+
+    from fedjax_sim import data, models
+
+    check_config(cfg)
+    load_kwargs: dict[str, object] = {"num_clients": cfg.num_clients, "seed": cfg.seed}
+    if cfg.dataset == "fedprox_synthetic":
+        load_kwargs.update(alpha=cfg.alpha, beta=cfg.alpha)
+    elif cfg.dataset == "shakespeare":  # natural per-speaker partition
+        if cfg.data_dir:
+            load_kwargs["data_dir"] = cfg.data_dir
+    elif cfg.dataset == "shifted_minority":  # natural split: no partition options
+        pass
+    else:
+        load_kwargs["partitioner"] = cfg.partition
+        load_kwargs.update(
+            {
+                "dirichlet": {"alpha": cfg.alpha},
+                "shards": {"per_client": cfg.shards_per_client},
+                "quantity_skew": {"sigma": cfg.sigma},
+                "iid": {},
+            }[cfg.partition]
+        )
+        if cfg.data_dir:
+            load_kwargs["data_dir"] = cfg.data_dir
+    kwargs_without_data = algorithm_kwargs(cfg, explicit)  # refuse bad flags before loading
+    dataset = data.load(cfg.dataset, **load_kwargs)
+    if mesh is not None and jax.process_count() > 1:
+        from fedjax_sim import distributed
+
+        train = distributed.local_rows(dataset.train, mesh, cfg.num_clients)
+        dataset = dataset._replace(train=distributed.globalize(train, mesh, cfg.num_clients))
+    model_kwargs: dict[str, object] = {"l2": cfg.l2}
+    if cfg.model == "mlp":
+        model_kwargs["hidden"] = cfg.hidden
+    model = models.build(cfg.model, dataset.feature_shape, dataset.num_classes, **model_kwargs)
+    client_map = make_client_map(cfg, mesh)
+    kwargs = algorithm_kwargs(cfg, explicit, data=dataset.train, client_map=client_map)
+    assert kwargs.keys() >= kwargs_without_data.keys()
+    algorithm = ALGORITHM_FACTORIES()[cfg.algorithm](model.loss, **kwargs)
+    return dataset, model, algorithm, client_map
+
+
+# ------------------------------------------------------------------------------ algorithm flags
+# RunConfig field -> the algorithm hyper-parameter (concept) it sets
+ALGORITHM_FLAGS: dict[str, str] = {
+    "client_lr": "client_optimizer",
+    "client_lr_decay": "client_optimizer",
+    "server_lr": "server_optimizer",
+    "local_steps": "local",
+    "local_epochs": "local",
+    "batch_size": "local",
+    "sampling": "local",
+    "cohort_size": "cohort",
+    "cohort_sampling": "cohort",
+    "weighting": "cohort",
+    "mu": "mu",
+    "straggler_fraction": "stragglers",
+}
+
+
+def ALGORITHM_FACTORIES() -> dict[str, Any]:  # noqa: N802 (the registry, imported lazily)
+    from fedjax_sim import algorithms
+
+    return algorithms.ALGORITHMS
+
+
+def explicit_fields(cfg: RunConfig) -> set[str]:
+    """Fields of `cfg` that differ from the defaults (what a user set, absent argv)."""
+    default = type(cfg)()
+    return {
+        f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(default, f.name)
+    }
+
+
+def make_client_map(cfg: RunConfig, mesh=None):
+    from fedjax_sim.parallel import ClientMap
+
+    return ClientMap(cfg.client_map, cfg.map_batch_size, mesh=mesh)
+
+
+def _concept_values(cfg: RunConfig, factory: Any) -> dict[str, Any]:
+    """The value of each concept the flags set, for `factory`."""
+    from fedjax_sim.algorithms.core import CohortSpec, LocalSpec, Stragglers
+    from fedjax_sim.schedules import round_decay
+
+    params = inspect.signature(factory).parameters
+    client = cfg.client_lr
+    if cfg.client_lr_decay != 1.0:
+        client = round_decay(cfg.client_lr, cfg.client_lr_decay)
+    stragglers = params.get("stragglers")
+    policy = getattr(getattr(stragglers, "default", None), "policy", "partial")
+    return {
+        "client_optimizer": client,
+        "server_optimizer": cfg.server_lr,
+        "local": LocalSpec(
+            steps=cfg.local_steps,
+            epochs=cfg.local_epochs,
+            batch_size=cfg.batch_size,
+            sampling=cfg.sampling,
+        ),
+        "cohort": CohortSpec(cfg.cohort_size, cfg.cohort_sampling, cfg.weighting),
+        "mu": cfg.mu,
+        "stragglers": Stragglers(cfg.straggler_fraction, policy),
+    }
+
+
+def hyper_parameters(factory: Any) -> dict[str, inspect.Parameter]:
+    """Keyword arguments of an algorithm factory, by name."""
+    return {
+        p.name: p
+        for p in inspect.signature(factory).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+
+
+def _check_hparam(algorithm: str, name: str, value: Any, param: inspect.Parameter) -> Any:
+    """`value` converted to the type of the parameter's default (UsageError naming the key)."""
+    default = param.default
+    where = f"--hparams {name}={value!r}"
+    if default is inspect.Parameter.empty or default is None:
+        return value
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise UsageError(f"{where}: {algorithm}'s {name} is a bool (True/False)")
+        return value
+    if isinstance(default, int | float) and not isinstance(default, bool):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise UsageError(f"{where}: {algorithm}'s {name} is a number")
+        if not math.isfinite(value):
+            raise UsageError(f"{where}: {algorithm}'s {name} must be finite")
+        if isinstance(default, int) and not isinstance(value, int):
+            raise UsageError(f"{where}: {algorithm}'s {name} is an integer")
+        return float(value) if isinstance(default, float) else value
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise UsageError(f"{where}: {algorithm}'s {name} is a string")
+        return value
+    if isinstance(default, tuple):
+        values = value if isinstance(value, list | tuple) else (value,)
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            raise UsageError(f"{where}: {algorithm}'s {name} is a tuple of numbers")
+        return tuple(float(v) for v in values)
+    raise UsageError(f"{where}: {algorithm}'s {name} cannot be set from the command line")
+
+
+def algorithm_kwargs(
+    cfg: RunConfig,
+    explicit: Collection[str] | None = None,
+    *,
+    data: Any = None,
+    client_map: Any = None,
+) -> dict[str, Any]:
+    """The keyword arguments of `cfg.algorithm`'s factory: every concept the flags set that
+    the algorithm has, `num_clients` / `data` / `client_map` where it takes them, and the
+    `--hparams`. Raises UsageError for an explicit flag the algorithm does not use, an
+    unknown or ill-typed hyper-parameter."""
+    factories = ALGORITHM_FACTORIES()
+    if cfg.algorithm not in factories:
+        raise UsageError(f"unknown algorithm {cfg.algorithm!r}; choose from {sorted(factories)}")
+    factory = factories[cfg.algorithm]
+    accepted = hyper_parameters(factory)
+    explicit = explicit_fields(cfg) if explicit is None else set(explicit)
+    for flag, concept in ALGORITHM_FLAGS.items():
+        if flag in explicit and concept not in accepted:
+            raise UsageError(
+                f"--{flag.replace('_', '-')} is not used by {cfg.algorithm} (it has no "
+                f"{concept}); see `fedjax-sim list algorithms`"
+            )
+    values = _concept_values(cfg, factory)
+    kwargs = {k: v for k, v in values.items() if k in accepted}
+    if "num_clients" in accepted:
+        kwargs["num_clients"] = cfg.num_clients if data is None else data.num_clients
+    if data is not None and "data" in accepted:
+        kwargs["data"] = data
+    if client_map is not None and "client_map" in accepted:
+        kwargs["client_map"] = client_map
+    for name, value in parse_hparams(cfg.hparams).items():
+        if name not in accepted:
+            raise UsageError(
+                f"--hparams {name} not accepted by {cfg.algorithm}; it takes {sorted(accepted)}"
+            )
+        kwargs[name] = _check_hparam(cfg.algorithm, name, value, accepted[name])
+    return kwargs
