@@ -743,7 +743,8 @@ def compose(
         (a float is SGD with that learning rate; 1.0 is plain averaging).
       cohort: a `CohortSpec` or a `Distributor` (stateful sampling, forced cohorts).
       client_map: how the cohort is mapped (vmap / chunked lax.map / sharded).
-      report_cohort: also report the round's `cohort_ids [M]` and `cohort_weights [M]`.
+      report_cohort: also report the round's `cohort_ids [M]`, `cohort_weights [M]` and the
+        local steps each cohort client executed, `cohort_steps [M]`.
 
     Metrics: `train_loss`, `participants`, `stragglers`, `local_steps`, `update_norm`,
     `consistency` (FedMIM's C_t), `bytes_up`, `bytes_down`, `uplink_memory_rms` (aggregators
@@ -906,7 +907,7 @@ def compose(
         if jax.tree.leaves(agg_rows):  # RMS over clients of the memory norms ||e_i||
             metrics["uplink_memory_rms"] = tree_norm(agg_rows) / jnp.sqrt(data.num_clients)
         if report_cohort:
-            metrics["cohort_ids"], metrics["cohort_weights"] = ids, weights
+            metrics.update(cohort_ids=ids, cohort_weights=weights, cohort_steps=local_steps)
         new_state = FederatedState(
             params=params,
             opt_state=opt_state,
