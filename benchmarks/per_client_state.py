@@ -59,7 +59,6 @@ def build_cases(name: str, data: FederatedData, args) -> list[dict]:
         model.loss,
         num_clients=num_clients,
         client_optimizer=0.05,
-        client_optimizer=0.05,
         local=LocalSpec(steps=10, batch_size=8),
         cohort=CohortSpec(size=args.cohort),
         client_map=ClientMap(args.client_map),

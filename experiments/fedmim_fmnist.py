@@ -90,7 +90,9 @@ def make_algorithm(name, loss, num_clients, args):
     if name == "FedCM":
         return fedcm(loss, momentum=0.9, client_optimizer=lr, **common)
     if name == "FedDyn":
-        return feddyn(loss, num_clients=num_clients, regularization=0.1, client_optimizer=lr, **common)
+        return feddyn(
+            loss, num_clients=num_clients, regularization=0.1, client_optimizer=lr, **common
+        )
     if name == "FedSAM":
         return fedsam(loss, rho=args.rho, client_optimizer=lr, **common)
     return fedmim(loss, momentum=(0.6, 0.3), lookahead=(0.9, 0.1), client_optimizer=lr, **common)

@@ -55,7 +55,9 @@ def make_schedule(name: str, rounds: int):
 
 
 def make_algorithm(name, loss, schedule, args, client_map):
-    common = dict(client_optimizer=schedule, cohort=CohortSpec(weighting="counts"), client_map=client_map)
+    common = dict(
+        client_optimizer=schedule, cohort=CohortSpec(weighting="counts"), client_map=client_map
+    )
     local = LocalSpec(steps=args.local_steps, batch_size=args.batch_size)
     prox = dict(
         inner_steps=args.inner_steps or args.local_steps,

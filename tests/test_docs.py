@@ -96,7 +96,9 @@ def test_write_your_own_algorithm_guide_runs(monkeypatch):
         cohort=ns["CohortSpec"](size=8, sampling="bernoulli", probability=0.3),
     )
     params = model.init(key)
-    runs = [jax.jit(a.step)(a.init(params, key), ds.train, key)[0] for a in (ns["composed"], preset)]
+    runs = [
+        jax.jit(a.step)(a.init(params, key), ds.train, key)[0] for a in (ns["composed"], preset)
+    ]
     assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), *[r.params for r in runs]))
     # registered under its name, described by its docstring, and built by name
     assert algorithms.ALGORITHMS["pulled_fedavg"] is ns["pulled_fedavg"]

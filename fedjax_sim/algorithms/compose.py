@@ -785,9 +785,7 @@ def compose(
         _check_rows(state.rows, data.num_clients, "the hooks' per-client state")
         _check_rows(state.aggregator.rows, data.num_clients, "the aggregator's per-client memory")
         x, t = state.params, state.round
-        ids, weights = distributor.sample(
-            state.cohort, round_key(key, t, COHORT), data.counts, t
-        )
+        ids, weights = distributor.sample(state.cohort, round_key(key, t, COHORT), data.counts, t)
         counts = data.counts[ids]
         num_steps = work.local.num_steps(counts)
         num_steps, weights, is_straggler = work.stragglers.apply(
@@ -893,13 +891,11 @@ def compose(
             "train_loss": train_loss,
             "participants": participants,
             "stragglers": jnp.sum(is_straggler),
-            "local_steps": jnp.sum(jnp.where(part, local_steps, 0))
-            / jnp.maximum(participants, 1),
+            "local_steps": jnp.sum(jnp.where(part, local_steps, 0)) / jnp.maximum(participants, 1),
             "update_norm": tree_norm(mean_update),
             "consistency": consistency(mean_sq_norm, mean_update),
             "bytes_up": participants.astype(jnp.float32) * (aggregator.payload(x) + up),
-            "bytes_down": distributor.downloads(ids, weights).astype(jnp.float32)
-            * (size + down),
+            "bytes_down": distributor.downloads(ids, weights).astype(jnp.float32) * (size + down),
             **agg_metrics,
             **metrics,
             **cohort_metrics,
@@ -964,9 +960,7 @@ def preset(
         own_names = {p.name for p in own}
         base = Options(**defaults)
         extra = [
-            inspect.Parameter(
-                name, inspect.Parameter.KEYWORD_ONLY, default=getattr(base, name)
-            )
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=getattr(base, name))
             for name in OPTION_NAMES
             if name not in own_names and name not in fixed
         ]

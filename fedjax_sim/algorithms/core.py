@@ -477,9 +477,7 @@ def map_cohort(
     """Runs `client_fn(client_id, *inputs_i) -> (summand, output)` over the cohort and returns
     the `weights`-weighted mean of the summands (accumulated without materialising `[M, d]`
     in `map` mode) and the stacked outputs."""
-    total, total_w, outs = map_weighted_sum(
-        client_fn, ids, weights, *inputs, client_map=client_map
-    )
+    total, total_w, outs = map_weighted_sum(client_fn, ids, weights, *inputs, client_map=client_map)
     return CohortResult(mean_of_total(total, total_w), outs, total_w)
 
 

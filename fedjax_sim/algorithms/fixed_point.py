@@ -263,9 +263,7 @@ def ef_fedavg(
     """Error-feedback FedAvg (Alg. 2 of Beikmohammadi et al.): compressed (top-1% by default)
     uploads with per-client error memory (around `aggregator`, the mean by default)."""
     op = _sgd_operator(options.local, divide_by_T, "ef_fedavg")
-    return _operator_algorithm(
-        loss_fn, op, options, _compressor(compressor, compression_fraction)
-    )
+    return _operator_algorithm(loss_fn, op, options, _compressor(compressor, compression_fraction))
 
 
 @preset(fixed=("local", "weight_decay"), **FIXED_POINT)
@@ -285,6 +283,4 @@ def ef_fedprox(
     """Error-feedback FedProx (Alg. 2 of Beikmohammadi et al.): one prox per round, compressed
     (top-1% by default) uploads with per-client error memory."""
     op = _prox_operator(inner_steps, inner_lr, batch_size, cap_inner_lr, exact)
-    return _operator_algorithm(
-        loss_fn, op, options, _compressor(compressor, compression_fraction)
-    )
+    return _operator_algorithm(loss_fn, op, options, _compressor(compressor, compression_fraction))

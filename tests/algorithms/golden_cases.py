@@ -16,9 +16,9 @@ import numpy as np
 import optax
 
 from fedjax_sim import algorithms as A
+from fedjax_sim.algorithms.compose import error_feedback
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec, Stragglers
 from fedjax_sim.algorithms.similarity import similarity_graph
-from fedjax_sim.algorithms.compose import error_feedback
 from fedjax_sim.compression import TopK
 from fedjax_sim.data import least_squares
 from fedjax_sim.events import Aggregation, Arrivals, Events

@@ -18,6 +18,7 @@ import pytest
 
 from fedjax_sim import schedules
 from fedjax_sim.algorithms import ALGORITHMS, fedavg, fedprox
+from fedjax_sim.algorithms.compose import error_feedback
 from fedjax_sim.algorithms.core import (
     LOCAL,
     CohortSpec,
@@ -36,7 +37,6 @@ from fedjax_sim.algorithms.fixed_point import (
     inexact_prox,
     local_sgd,
 )
-from fedjax_sim.algorithms.compose import error_feedback
 from fedjax_sim.compression import Identity, TopK
 from fedjax_sim.data import least_squares, pack
 from fedjax_sim.models import linear_regression
@@ -488,7 +488,9 @@ def test_virtual_iterate_identity():
         start = fp.init(a.params, key).replace(round=a.round)
         moved = fp_step(start, q.data, key)[0].params["w"] - a.params["w"]
         np.testing.assert_allclose(z(b) - z(a), moved, rtol=1e-6, atol=1e-6)
-    assert np.any(np.asarray(states[-1].aggregator.rows["error_feedback"]["w"]))  # the memory is really used
+    assert np.any(
+        np.asarray(states[-1].aggregator.rows["error_feedback"]["w"])
+    )  # the memory is really used
 
 
 def test_fedavg_one_step_is_distributed_minibatch_sgd(x64):

@@ -121,7 +121,9 @@ def test_bernoulli_cohort_updates_only_selected_rows():
         if selected.size == 0:
             seen_empty = True
             np.testing.assert_array_equal(new.params["w"], state.params["w"])
-            np.testing.assert_array_equal(new.hooks["control_variates"]["w"], state.hooks["control_variates"]["w"])
+            np.testing.assert_array_equal(
+                new.hooks["control_variates"]["w"], state.hooks["control_variates"]["w"]
+            )
         state = new
     assert seen_empty
 
