@@ -371,9 +371,7 @@ class ClientWork:
     def client_inputs(
         self, server: dict[str, Any], ids: jax.Array, params: Params, key: jax.Array
     ) -> dict:
-        return {
-            h.name: h.client_inputs(server[h.name], ids, params, key) for h in self.hook.hooks
-        }
+        return {h.name: h.client_inputs(server[h.name], ids, params, key) for h in self.hook.hooks}
 
     def payload(self, params: Params, server: dict[str, Any]) -> tuple[float, float]:
         up = down = 0.0
@@ -601,6 +599,9 @@ class Distributor(NamedTuple):
         step's key); its `bytes_up` / `bytes_down` are added to the round's (the
         distributor's own traffic, e.g. DRFA's loss queries).
       distinct: whether the ids of a round are distinct (per-client state needs it).
+      uploads: `(ids, weights) -> []` number of clients that train and send (the
+        `participants` metric; default those with weight > 0; DRFA's full participation:
+        all, lam_i = 0 included).
     """
 
     init: Callable[[int], Any]
@@ -608,6 +609,9 @@ class Distributor(NamedTuple):
     downloads: Callable[[jax.Array, jax.Array], jax.Array]
     finalize: Callable[..., tuple[Any, Metrics]] = lambda state, summary, data, key: (state, {})
     distinct: bool = True
+    uploads: Callable[[jax.Array, jax.Array], jax.Array] = lambda ids, weights: jnp.sum(
+        weights > 0
+    )
 
 
 def cohort_distributor(spec: CohortSpec) -> Distributor:
@@ -866,7 +870,7 @@ def compose(
             key,
         )
         agg_rows = scatter_rows(agg_rows, ids, part, new_agg_rows)
-        participants = jnp.sum(part)
+        participants = distributor.uploads(ids, weights)
         cohort_up = cohort_metrics.pop("bytes_up", 0.0)
         cohort_down = cohort_metrics.pop("bytes_down", 0.0)
         up, down = work.payload(x, state.hooks)
@@ -876,7 +880,7 @@ def compose(
             "participants": participants,
             "stragglers": jnp.sum(is_straggler),
             "local_steps": jnp.sum(jnp.where(part, local_steps, 0))
-            / jnp.maximum(participants, 1),
+            / jnp.maximum(jnp.sum(part), 1),
             "update_norm": tree_norm(mean_update),
             "consistency": consistency(mean_sq_norm, mean_update),
             "bytes_up": participants.astype(jnp.float32) * (aggregator.payload(x) + up)
