@@ -36,6 +36,7 @@ clients without data never contribute to averages and keep their u.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -58,11 +59,7 @@ from fedjax_sim.data.federated import tree_size_bytes
 
 Params = Any
 
-FGDRO = dict(
-    client_optimizer=0.01,
-    local=LocalSpec(steps=32, batch_size=32),
-    cohort=CohortSpec(weighting="uniform"),
-)
+FGDRO = dict(client_optimizer=0.01, local=LocalSpec(steps=32, batch_size=32))
 
 
 # ------------------------------------------------------------------------------ objectives
@@ -102,21 +99,24 @@ def check_rate(name: str, value: Any) -> None:
     check_number(name, value, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
 
 
-def _check_options(o: Options) -> None:
+def _fgdro_options(o: Options) -> Options:
+    """Checks the options of an FGDRO preset; a `CohortSpec` averages uniformly (1/N)."""
     if o.local.epochs is not None:
         raise ValueError(
             "FGDRO runs a fixed number I of local iterations per round: use "
             "LocalSpec(steps=I), not epochs"
         )
-    if isinstance(o.cohort, CohortSpec):
-        if o.cohort.sampling != "uniform":
-            raise ValueError(
-                f"FGDRO cohorts are uniform without replacement, got sampling={o.cohort.sampling!r}"
-            )
-        if o.cohort.weighting != "uniform" or o.cohort.client_weights is not None:
-            raise ValueError("FGDRO averages clients uniformly (1/N): use weighting='uniform'")
-        if o.num_clients is not None:
-            o.cohort.check(o.num_clients)
+    if not isinstance(o.cohort, CohortSpec):
+        return o
+    if o.cohort.sampling != "uniform":
+        raise ValueError(
+            f"FGDRO cohorts are uniform without replacement, got sampling={o.cohort.sampling!r}"
+        )
+    if o.cohort.weighting == "counts" or o.cohort.client_weights is not None:
+        raise ValueError("FGDRO averages clients uniformly (1/N): use weighting='uniform'")
+    if o.num_clients is not None:
+        o.cohort.check(o.num_clients)
+    return dataclasses.replace(o, cohort=dataclasses.replace(o.cohort, weighting="uniform"))
 
 
 def _averaged(server: Any, s: RoundSummary, new: Any) -> Any:
@@ -314,7 +314,7 @@ def fgdro_cvar(
     Metrics: `threshold` s, `cvar_objective` (the s-form at u), `cvar_active` #{u_i > s},
     `topk_mean_u`, payload (w + s per client, up and down).
     """
-    _check_options(options)
+    options = _fgdro_options(options)
     k = max(1, round(0.2 * num_clients)) if k is None else k
     if not (isinstance(k, int) and 1 <= k <= num_clients):
         raise ValueError(f"CVaR K must be an integer in [1, {num_clients}], got {k}")
@@ -343,7 +343,7 @@ def fgdro_kl(
     `client_metrics`), payload (w, m, v: 2d+1 floats per client, up and down).
     """
     del num_clients  # in options: rows of the [C] state
-    _check_options(options)
+    options = _fgdro_options(options)
     kl = kl_weighting(
         temperature, beta1, beta2, log_domain=log_domain, client_metrics=client_metrics
     )
@@ -370,7 +370,7 @@ def fgdro_kl_adam(
     `beta4` in (0, 1], `eps` > 0 (the paper's tau). Payload: w, m, q, v (3d+1 floats per
     client, up and down)."""
     del num_clients
-    _check_options(options)
+    options = _fgdro_options(options)
     kl = kl_weighting(
         temperature, beta1, beta2, log_domain=log_domain, client_metrics=client_metrics
     )
@@ -389,5 +389,5 @@ def local_adam(
     """LocalAdam (Algorithm 4, ERM): Adam-type local steps `w -= eta m / (sqrt(q) + eps)`,
     the server averages w, m and q. Equals FGDRO-KL-Adam with temperature -> infinity.
     Payload: w, m, q (3d per client)."""
-    _check_options(options)
+    options = _fgdro_options(options)
     return synchronous(loss_fn, options, local_moments(beta3, (beta4, eps)))
