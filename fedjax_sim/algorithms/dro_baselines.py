@@ -6,20 +6,12 @@ spec fixes them).
 
 DRFA: Deng, Kamani, Mahdavi, "Distributionally Robust Federated Averaging" (NeurIPS 2020).
 Minimax `min_w max_{lam in simplex} sum_i lam_i l_i(w)` (CVaR with K = 1). The client weights
-`lam [C]` (init uniform, or `initial_weights`, e.g. the authors' `n_i / n`) are the state of
-a distributor (`lambda_ascent`); the snapshot model is a local-step hook (`snapshot`). Round:
-- draw the snapshot step `t' ~ Uniform{1..I}` (authors' code: 1..I-1);
-- full participation (`cohort.size=None`, the spec's recommended variant): all clients run I
-  local steps from w, `w = sum_i lam_i w_i(I)`, `w_snap = sum_i lam_i w_i(t')`, and every
-  client returns one minibatch loss at `w_snap`, `v_i = loss_i`;
-- partial participation (`cohort.size=m`, the paper's algorithm): m training clients drawn
-  i.i.d. ~ lam (with replacement; a client drawn twice trains on the same minibatches, i.e.
-  counts twice), `w = mean_D w_i(I)`, `w_snap = mean_D w_i(t')`; m loss clients U drawn
-  uniformly without replacement, `v_i = (N/m) loss_i(w_snap)` for i in U, else 0;
-- `lam = Proj_simplex(lam + gamma I v)` with `gamma = dual_lr * dual_lr_decay^round` (the
-  authors' code decays by 0.9 per round and floors lam at 1e-3: `weight_floor`).
-The model update goes through the aggregator and server optimizer (default: the lam-weighted
-mean, the paper's). The KL-regularised variant (DRFA-Prox) is not implemented.
+`lam [C]` are the state of a distributor (`lambda_ascent`: who trains, with which weight, and
+the projected ascent on lam from the losses at the snapshot model); the snapshot model
+`w_i(t')`, t' ~ Uniform{1..I} (authors' code: 1..I-1), is a local-step hook (`snapshot`).
+`cohort.size=None` is the spec's full-participation variant, `size=m` the paper's sampled
+one. The model update goes through any aggregator and server optimizer (default: the
+lam-weighted mean, the paper's). The KL-regularised variant (DRFA-Prox) is not implemented.
 
 DR-DSGD: Issaid, Elgabli, Bennis, "DR-DSGD: A Distributionally Robust Decentralized Learning
 Algorithm over Graphs" (TMLR 2022). Minimises `sum_i exp(l_i(w)/t)` (t = `temperature`, the
@@ -63,7 +55,6 @@ from fedjax_sim.algorithms.core import (
 from fedjax_sim.algorithms.hooks import tilted
 from fedjax_sim.data.federated import FederatedData, tree_size_bytes
 from fedjax_sim.events import sample_cohort
-from fedjax_sim.parallel import ClientMap
 
 
 # ------------------------------------------------------------------------------ DRFA
@@ -118,15 +109,13 @@ def snapshot(steps: int) -> LocalHook:
 
 def lambda_ascent(
     loss_fn: LossFn,
+    options: Options,
     *,
     num_clients: int,
-    size: int | None,
-    initial_weights: jax.Array,
+    initial_weights: jax.Array | None,
     dual_lr: Any,
     dual_lr_decay: Any,
     weight_floor: Any,
-    local: LocalSpec,
-    client_map: ClientMap,
     client_metrics: bool,
 ) -> Distributor:
     """DRFA's client weights `lam [N]` (Deng et al. 2020, Alg. 1) as a stateful distributor.
@@ -136,8 +125,18 @@ def lambda_ascent(
     `snapshot` hook's mean), one minibatch loss `v_i` at `w_snap` from every client (or from
     m uniform loss clients, scaled by N/m), `lam = Proj_simplex(lam + gamma I v)` with
     `gamma = dual_lr * dual_lr_decay^round`, floored at `weight_floor` and renormalised. Loss
-    clients receive `w_snap` (d down) and send one loss (1 up)."""
-    steps = local.steps
+    clients receive `w_snap` (d down) and send one loss (1 up). `options`: the cohort size m
+    (None: all N, the full-participation variant), I = `local.steps`, minibatches, client map."""
+    size, local = options.cohort.size, options.local
+    if initial_weights is None:
+        lam0 = jnp.full((num_clients,), 1.0 / num_clients, float_dtype())
+    else:
+        lam0 = jnp.asarray(initial_weights, float_dtype())
+        if lam0.shape != (num_clients,) or (
+            is_concrete(lam0) and not bool(jnp.all(lam0 >= 0) & (jnp.sum(lam0) > 0))
+        ):
+            raise ValueError(f"initial_weights must be [{num_clients}] non-negative, sum > 0")
+        lam0 = lam0 / jnp.sum(lam0)
 
     def sample(lam, key, counts, round_):
         if counts.shape[0] != num_clients:
@@ -167,16 +166,16 @@ def lambda_ascent(
             )
             return loss_fn(w_snap, batch)
 
-        losses = client_map.map(snapshot_loss, loss_ids)
+        losses = options.client_map.map(snapshot_loss, loss_ids)
         v = jnp.zeros((num_clients,), lam.dtype).at[loss_ids].add(scale * losses)
         gamma = dual_lr * dual_lr_decay ** s.round.astype(lam.dtype)
-        new = project_simplex(lam + gamma * steps * v)
+        new = project_simplex(lam + gamma * local.steps * v)
         if not is_concrete(weight_floor) or weight_floor > 0:
             new = jnp.maximum(new, weight_floor)
             new = new / jnp.sum(new)
         n_loss = jnp.float32(loss_ids.shape[0])
         metrics = {
-            "snapshot_step": snapshot_step(key, s.round, steps),
+            "snapshot_step": snapshot_step(key, s.round, local.steps),
             "snapshot_loss_max": jnp.max(losses),
             "weights_max": jnp.max(new),
             "bytes_up": n_loss * losses.dtype.itemsize,
@@ -187,7 +186,7 @@ def lambda_ascent(
         return new, metrics
 
     return Distributor(
-        init=lambda n: initial_weights,
+        init=lambda n: lam0,
         sample=sample,
         downloads=lambda ids, weights: jnp.int32(ids.shape[0]),
         finalize=finalize,
@@ -208,18 +207,13 @@ def drfa(
     client_metrics: bool = True,
     options: Options,
 ) -> Algorithm:
-    """DRFA (Deng et al. 2020): local SGD for w (`client_optimizer`, I = `local.steps`
-    steps), projected ascent on the client weights lam (`lambda_ascent`, `snapshot`).
-
-    `num_clients` N; `dual_lr` gamma (>= 0); `dual_lr_decay` gamma's factor per round in
-    (0, 1] (authors' code: 0.9); `weight_floor` in [0, 1/N) (authors' code: 1e-3);
-    `initial_weights` `[N]` initial lam (normalised; default uniform); `cohort` a `CohortSpec`
-    of which only `size` is used (None: the full-participation variant).
-
-    Metrics: `client_weights` lam (if `client_metrics`), `snapshot_step`,
-    `snapshot_loss_max`, `weights_max`, payload (training clients: 2d up, d down; loss
-    clients: 1 up, d down).
-    """
+    """DRFA (Deng et al. 2020): I = `local.steps` local steps of `client_optimizer` for w,
+    projected ascent on the client weights lam (`lambda_ascent`, `snapshot`). `num_clients`
+    N; `dual_lr` gamma >= 0; `dual_lr_decay` in (0, 1] (authors' code: 0.9); `weight_floor`
+    in [0, 1/N) (authors' code: 1e-3); `initial_weights` `[N]` initial lam (normalised;
+    default uniform; the authors use `n_i / n`); `cohort` a `CohortSpec` of which only `size`
+    is used. Metrics: `client_weights` lam (if `client_metrics`), `snapshot_step`,
+    `snapshot_loss_max`, `weights_max`; payload: training clients 2d up, d down."""
     o = options
     check_number("dual_lr", dual_lr, lambda v: 0 <= v < math.inf, ">= 0 (finite)")
     check_number("dual_lr_decay", dual_lr_decay, lambda v: 0 < v <= 1, "in (0, 1]")
@@ -229,31 +223,17 @@ def drfa(
     if not isinstance(o.cohort, CohortSpec):
         raise ValueError("DRFA samples its cohort from lam: give cohort=CohortSpec(size=m)")
     o.cohort.check(num_clients)
-    if initial_weights is None:
-        lam0 = jnp.full((num_clients,), 1.0 / num_clients, float_dtype())
-    else:
-        lam0 = jnp.asarray(initial_weights, float_dtype())
-        if lam0.shape != (num_clients,) or (
-            is_concrete(lam0) and not bool(jnp.all(lam0 >= 0) & (jnp.sum(lam0) > 0))
-        ):
-            raise ValueError(
-                f"initial_weights must be [{num_clients}] non-negative with a positive sum"
-            )
-        lam0 = lam0 / jnp.sum(lam0)
     cohort = lambda_ascent(
         loss_fn,
+        o,
         num_clients=num_clients,
-        size=o.cohort.size,
-        initial_weights=lam0,
+        initial_weights=initial_weights,
         dual_lr=dual_lr,
         dual_lr_decay=dual_lr_decay,
         weight_floor=weight_floor,
-        local=o.local,
-        client_map=o.client_map,
         client_metrics=client_metrics,
     )
-    o = dataclasses.replace(o, cohort=cohort)
-    return synchronous(loss_fn, o, snapshot(o.local.steps))
+    return synchronous(loss_fn, dataclasses.replace(o, cohort=cohort), snapshot(o.local.steps))
 
 
 # ------------------------------------------------------------------------------ DR-DSGD

@@ -262,7 +262,7 @@ def algorithm_kwargs(w: Workload, data: FederatedData | None = None) -> dict[str
     """Generic keyword arguments offered to every factory (each gets those it accepts).
 
     Learning rates are offered under all names used in the project (`client_optimizer`,
-    `client_lr`, `learning_rate`); `num_clients` sizes per-client state; `data` is offered to
+    `client_lr`); `num_clients` sizes per-client state; `data` is offered to
     factories that precompute something from the training data. Asynchronous algorithms get
     `firing_probability=1`, `capacity=None` and `delta=C`: every client fires and is trained
     in each event iteration, aggregated once, so one `step` does a FedAvg round's work.
@@ -270,7 +270,6 @@ def algorithm_kwargs(w: Workload, data: FederatedData | None = None) -> dict[str
     kw: dict[str, Any] = {
         "client_optimizer": CLIENT_LR,
         "client_lr": CLIENT_LR,
-        "learning_rate": CLIENT_LR,
         "server_optimizer": 1.0,
         "server_lr": 1.0,
         "local": LocalSpec(steps=w.local_steps, batch_size=w.batch_size),
