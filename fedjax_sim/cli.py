@@ -251,7 +251,6 @@ def build_run(cfg: RunConfig, mesh=None):
         "client_lr": client_lr,
         "server_optimizer": cfg.server_lr,
         "server_lr": cfg.server_lr,
-        "learning_rate": cfg.client_lr,
         "local": LocalSpec(
             steps=cfg.local_steps,
             epochs=cfg.local_epochs,
