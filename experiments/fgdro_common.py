@@ -52,28 +52,51 @@ def build(name: str, loss, n: int, hp: dict):
     if name == "FedAvg":
         return fedavg(loss, client_optimizer=lr, local=local, cohort=uni)
     if name == "SCAFFOLD":
-        return scaffold(loss, num_clients=n, client_lr=lr, local=local, cohort=uni)
+        return scaffold(loss, num_clients=n, client_optimizer=lr, local=local, cohort=uni)
     if name == "FedProx":
         return fedprox(loss, mu=hp["prox_mu"], client_optimizer=lr, local=local, cohort=uni)
     if name == "FedAdam":
         return fedadam_reddi(
-            loss, server_lr=hp["fedadam_server_lr"], tau=1e-3, client_lr=lr, local=local, cohort=uni
+            loss,
+            server_optimizer=hp["fedadam_server_lr"],
+            eps=1e-3,
+            client_optimizer=lr,
+            local=local,
+            cohort=uni,
         )
     if name == "DRFA":
-        return drfa(loss, num_clients=n, learning_rate=lr, dual_lr=hp["drfa_gamma"], local=local)
+        return drfa(loss, num_clients=n, client_optimizer=lr, dual_lr=hp["drfa_gamma"], local=local)
     if name == "DR-DSGD":
-        return dr_dsgd(loss, mu=hp["mu"], learning_rate=lr, local=local, cohort=uni)
+        return dr_dsgd(
+            loss,
+            temperature=hp["dr_dsgd_temperature"],
+            client_optimizer=lr,
+            local=local,
+            cohort=uni,
+        )
     if name == "FGDRO-CVaR":
-        return fgdro_cvar(loss, num_clients=n, k=hp["K"], learning_rate=lr, local=local)
+        return fgdro_cvar(loss, num_clients=n, k=hp["K"], client_optimizer=lr, local=local)
     betas = dict(beta1=hp["beta"], beta2=hp["beta"], beta3=hp["beta"])
     if name == "FGDRO-KL":
-        return fgdro_kl(loss, num_clients=n, lam=hp["lam"], learning_rate=lr, local=local, **betas)
+        return fgdro_kl(
+            loss,
+            num_clients=n,
+            temperature=hp["kl_temperature"],
+            client_optimizer=lr,
+            local=local,
+            **betas,
+        )
     if name == "FGDRO-KL-Adam":
         return fgdro_kl_adam(
-            loss, num_clients=n, lam=hp["lam"], learning_rate=alr, local=local, **betas
+            loss,
+            num_clients=n,
+            temperature=hp["kl_temperature"],
+            client_optimizer=alr,
+            local=local,
+            **betas,
         )
     if name == "LocalAdam":
-        return local_adam(loss, num_clients=n, learning_rate=alr, beta3=hp["beta"], local=local)
+        return local_adam(loss, num_clients=n, client_optimizer=alr, beta3=hp["beta"], local=local)
     raise ValueError(f"unknown method {name!r}")
 
 

@@ -56,7 +56,8 @@ def main() -> None:
     out = args.out or os.path.join(OUT, f"fmnist_dir{args.alpha:g}.json")
     hp = dict(
         I=4, B=8, lr=0.05, adam_lr=0.001, prox_mu=0.01, fedadam_server_lr=0.01,
-        drfa_gamma=0.002, mu=2.0, K=20, lam=1.0, beta=0.1, alpha=args.alpha,
+        drfa_gamma=0.002, dr_dsgd_temperature=2.0, K=20, kl_temperature=1.0, beta=0.1,
+        alpha=args.alpha,
     )  # fmt: skip
     x, y, xt, yt = read_fashion_mnist()
     ds = federate(

@@ -37,11 +37,11 @@ def main() -> None:
     args = p.parse_args()
     hp = dict(
         I=32, B=32, lr=args.lr, adam_lr=args.adam_lr, prox_mu=0.01, fedadam_server_lr=0.03,
-        drfa_gamma=0.002, mu=2.0, K=2, lam=0.5, beta=0.1,
+        drfa_gamma=0.002, dr_dsgd_temperature=2.0, K=2, kl_temperature=0.5, beta=0.1,
     )  # fmt: skip
     ds = load_shifted_minority(num_clients=10, examples_per_client=500, seed=0)
     model = logistic_regression(ds.feature_shape, ds.num_classes)
-    extra = dro_evaluator(model, groups="test", k=hp["K"], lam=hp["lam"])
+    extra = dro_evaluator(model, groups="test", k=hp["K"], temperature=hp["kl_temperature"])
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     rows = run_all(
         args.methods,

@@ -5,9 +5,10 @@ A "group" is a client (per-client train or test split: the FGDRO objective's `l_
 label class of the central test set (the worst-class accuracy used for the imbalanced
 CIFAR-10 protocol, spec `../shared/specs/fgdro.md` section 7.13). Use with `simulate`::
 
-    evaluation = EvalSpec(every=10, extra=dro_evaluator(model, groups="train", k=2, lam=1.0))
+    extra = dro_evaluator(model, groups="train", k=2, temperature=1.0)
+    evaluation = EvalSpec(every=10, extra=extra)
 
-The learned client weights (softmax(u/lambda), CVaR top-K, DRFA's lambda) are per-round
+The learned client weights (softmax(u/temperature), CVaR top-K, DRFA's lambda) are per-round
 metrics of the algorithms themselves (`client_weights`).
 """
 
@@ -21,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fedjax_sim.algorithms.compose import positive
 from fedjax_sim.algorithms.fgdro import kl_objective, topk_mean
 from fedjax_sim.data.federated import ArrayData, Batch, FederatedData
 from fedjax_sim.history import History
@@ -73,13 +75,13 @@ def summarize(
     *,
     prefix: str,
     k: int | None = None,
-    lam: float | None = None,
+    temperature: float | None = None,
     per_group: bool = False,
 ) -> dict[str, jax.Array]:
     """Worst/average summaries over the groups with examples (`count > 0`): `{prefix}_`
     `loss_mean`, `loss_worst` (max), `accuracy_mean`, `accuracy_worst` (min), and if given
     `cvar` (mean of the k largest group losses; k must not exceed the non-empty groups) and
-    `kl` (`lam log mean exp(loss/lam)`). `per_group` adds `{prefix}_loss_{g}` and
+    `kl` (`t log mean exp(loss/t)`, t = `temperature`). `per_group` adds `{prefix}_loss_{g}` and
     `{prefix}_accuracy_{g}` for every group g (for a handful of groups)."""
     has = count > 0
     n_has = jnp.maximum(jnp.sum(has), 1)
@@ -91,10 +93,10 @@ def summarize(
     }
     if k is not None:
         out[f"{prefix}_cvar"] = topk_mean(jnp.where(has, loss, -jnp.inf), k)
-    if lam is not None:
-        # groups without examples drop out: lam (logsumexp over valid - log #valid)
+    if temperature is not None:
+        # groups without examples drop out: t (logsumexp over valid - log #valid)
         masked = jnp.where(has, loss, -jnp.inf)
-        out[f"{prefix}_kl"] = kl_objective(masked, lam) + lam * (
+        out[f"{prefix}_kl"] = kl_objective(masked, temperature) + temperature * (
             math.log(loss.shape[0]) - jnp.log(n_has)
         )
     if per_group:
@@ -109,7 +111,7 @@ def dro_evaluator(
     *,
     groups: Literal["train", "test", "classes"] = "train",
     k: int | None = None,
-    lam: float | None = None,
+    temperature: float | None = None,
     per_group: bool = False,
     client_map: ClientMap = ClientMap(),
     batch_size: int = 1024,
@@ -119,14 +121,14 @@ def dro_evaluator(
     groups: "train" (each client's training data: the quantity FGDRO optimises; prefix
       `train_clients`), "test" (each client's test split; `test_clients`), or "classes"
       (each label class of the central test set; `test_classes`).
-    k, lam: also report the CVaR (top-k mean) and KL objective over the groups.
+    k, temperature: also report the CVaR (top-k mean) and KL objective over the groups.
     """
     if groups not in GROUPINGS:
         raise ValueError(f"groups must be one of {GROUPINGS}, got {groups!r}")
     if k is not None and k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    if lam is not None and not lam > 0:
-        raise ValueError(f"lam must be > 0, got {lam}")
+    if temperature is not None:
+        positive("temperature", temperature)
 
     def evaluate(params, data: FederatedData, test: ArrayData | None):
         if groups == "classes":
@@ -145,7 +147,9 @@ def dro_evaluator(
             cnt = s["count"]
             loss = s["loss"] / jnp.maximum(cnt, 1.0)
             acc = s["correct"] / jnp.maximum(cnt, 1.0)
-        return summarize(loss, acc, cnt, prefix=prefix, k=k, lam=lam, per_group=per_group)
+        return summarize(
+            loss, acc, cnt, prefix=prefix, k=k, temperature=temperature, per_group=per_group
+        )
 
     return evaluate
 

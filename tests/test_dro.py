@@ -44,7 +44,7 @@ def test_summarize_worst_mean_cvar_kl_skip_empty_groups(x64):
     loss = jnp.array([0.5, 2.0, 9.0, 1.0])
     acc = jnp.array([0.9, 0.4, 0.0, 0.7])
     count = jnp.array([10.0, 5.0, 0.0, 3.0])  # group 2 has no examples: ignored
-    out = summarize(loss, acc, count, prefix="g", k=2, lam=0.5, per_group=True)
+    out = summarize(loss, acc, count, prefix="g", k=2, temperature=0.5, per_group=True)
     valid = np.array([0.5, 2.0, 1.0])
     assert float(out["g_loss_worst"]) == 2.0 and float(out["g_accuracy_worst"]) == 0.4
     assert float(out["g_loss_mean"]) == pytest.approx(valid.mean())
@@ -63,12 +63,12 @@ def test_simulate_with_dro_evaluator_end_to_end(tmp_path):
     alg = fgdro_kl(
         model.loss,
         num_clients=4,
-        lam=0.5,
-        learning_rate=0.1,
+        temperature=0.5,
+        client_optimizer=0.1,
         local=LocalSpec(steps=4, batch_size=8),
         client_map=ClientMap("vmap"),
     )
-    extra = dro_evaluator(model, groups="train", k=2, lam=0.5, per_group=True)
+    extra = dro_evaluator(model, groups="train", k=2, temperature=0.5, per_group=True)
     hist = simulate(
         alg,
         ds.train,
@@ -101,7 +101,7 @@ def test_dro_evaluator_rejects_bad_arguments():
     model = logistic_regression((4,), 2)
     with pytest.raises(ValueError, match="groups must be one of"):
         dro_evaluator(model, groups="domains")
-    with pytest.raises(ValueError, match="lam must be > 0"):
-        dro_evaluator(model, lam=0.0)
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+        dro_evaluator(model, temperature=0.0)
     with pytest.raises(ValueError, match="k must be >= 1"):
         dro_evaluator(model, k=0)

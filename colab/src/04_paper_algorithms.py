@@ -192,7 +192,7 @@ shifted = load_shifted_minority(num_clients=10, examples_per_client=100)
 lr_model = models.logistic_regression(shifted.feature_shape, shifted.num_classes)
 dro_local = LocalSpec(steps=32, batch_size=32)
 dro_kw = dict(
-    num_clients=10, learning_rate=0.1, local=dro_local, client_map=VMAP, client_metrics=False
+    num_clients=10, client_optimizer=0.1, local=dro_local, client_map=VMAP, client_metrics=False
 )
 algorithms = {
     "FedAvg": fedavg(
@@ -203,7 +203,7 @@ algorithms = {
         client_map=VMAP,
     ),
     "FGDRO-CVaR (K=2)": fgdro_cvar(lr_model.loss, k=2, **dro_kw),
-    "FGDRO-KL (lambda=0.5)": fgdro_kl(lr_model.loss, lam=0.5, **dro_kw),
+    "FGDRO-KL (lambda=0.5)": fgdro_kl(lr_model.loss, temperature=0.5, **dro_kw),
 }
 train = shifted.train
 

@@ -38,6 +38,7 @@ from flax import struct
 
 from fedjax_sim.algorithms.core import (
     COHORT,
+    EXTRA,
     LOCAL,
     STRAGGLERS,
     UPLINK,
@@ -124,7 +125,8 @@ def client_lr_at(opt: ClientOptimizer, round_: jax.Array) -> Any:
 
 
 def check_client_optimizer(opt: ClientOptimizer) -> None:
-    """Validates a client optimizer where its value is concrete (round 0 of a schedule)."""
+    """Validates a client optimizer where its value is concrete (round 0 of a schedule): a
+    learning rate must be > 0 (to freeze the model, pass `optax.sgd(0.0)` explicitly)."""
     if isinstance(opt, optax.GradientTransformation):
         return
     if callable(opt):
@@ -234,8 +236,9 @@ class LocalHook:
       init_row: `params -> row` of one client (None: no per-client state); rows of all C
         clients are stacked `[C, ...]` at `init`.
       init_server: `params -> server-side state` broadcast to the clients (None: none).
-      client_inputs: `(server, ids [M], params) -> [M, ...]` per-client inputs of a round
-        computed on the server (e.g. FedLPS' anchors from every client's last model).
+      client_inputs: `(server, ids [M], params, key) -> [M, ...]` per-client inputs of a
+        round computed on the server (e.g. FedLPS' anchors from every client's last model,
+        DRFA's snapshot step); `key` is the round's `round_key(key, round, EXTRA)`.
       start: `ctx -> carry` at local step 0 (state carried across local steps).
       finish: `(ctx, outcome) -> (new row, summand, output)` after local training: the
         client's new row, a summand averaged over the cohort with the aggregation weights,
@@ -254,7 +257,7 @@ class LocalHook:
     direction: Callable[..., tuple[jax.Array, Params, Any]] = _plain_direction
     init_row: Callable[[Params], Any] | None = None
     init_server: Callable[[Params], Any] = _none
-    client_inputs: Callable[[Any, jax.Array, Params], Any] = _none
+    client_inputs: Callable[[Any, jax.Array, Params, jax.Array], Any] = _none
     start: Callable[[HookContext], Any] = _none
     finish: Callable[[HookContext, LocalOutcome], tuple[Any, Any, Any]] = _no_finish
     correct: Callable[[Any, RoundSummary], tuple[Any, Params]] = _no_correct
@@ -365,8 +368,10 @@ class ClientWork:
         """What the clients see of the hooks' server-side states."""
         return {h.name: h.broadcast(server[h.name]) for h in self.hook.hooks}
 
-    def client_inputs(self, server: dict[str, Any], ids: jax.Array, params: Params) -> dict:
-        return {h.name: h.client_inputs(server[h.name], ids, params) for h in self.hook.hooks}
+    def client_inputs(
+        self, server: dict[str, Any], ids: jax.Array, params: Params, key: jax.Array
+    ) -> dict:
+        return {h.name: h.client_inputs(server[h.name], ids, params, key) for h in self.hook.hooks}
 
     def payload(self, params: Params, server: dict[str, Any]) -> tuple[float, float]:
         up = down = 0.0
@@ -608,7 +613,8 @@ class DistributorSummary(NamedTuple):
     update: Params
     ids: jax.Array
     weights: jax.Array
-    hook_means: dict[str, Any]
+    hook_means: dict[str, Any]  # the hooks' weighted `mean`s, by hook name
+    round: jax.Array
 
 
 class Distributor(NamedTuple):
@@ -618,8 +624,13 @@ class Distributor(NamedTuple):
       init: `num_clients -> state`.
       sample: `(state, key, counts [C], round) -> (ids [M], weights [M])`.
       downloads: `(ids, weights) -> []` number of clients that receive the model.
-      finalize: `(state, summary, data, key) -> (state, metrics)` after the round.
+      finalize: `(state, summary, data, key) -> (state, metrics)` after the round (`key` the
+        step's key); its `bytes_up` / `bytes_down` are added to the round's (the
+        distributor's own traffic, e.g. DRFA's loss queries).
       distinct: whether the ids of a round are distinct (per-client state needs it).
+      uploads: `(ids, weights) -> []` number of clients that train and send (the
+        `participants` metric; default those with weight > 0; DRFA's full participation:
+        all, lam_i = 0 included).
     """
 
     init: Callable[[int], Any]
@@ -627,6 +638,7 @@ class Distributor(NamedTuple):
     downloads: Callable[[jax.Array, jax.Array], jax.Array]
     finalize: Callable[..., tuple[Any, Metrics]] = lambda state, summary, data, key: (state, {})
     distinct: bool = True
+    uploads: Callable[[jax.Array, jax.Array], jax.Array] = lambda ids, weights: jnp.sum(weights > 0)
 
 
 def cohort_distributor(spec: CohortSpec) -> Distributor:
@@ -797,7 +809,7 @@ def compose(
         agg_server, agg_rows = state.aggregator.server, state.aggregator.rows
         cohort_rows = gather_rows(state.rows, ids)
         cohort_agg_rows = gather_rows(agg_rows, ids)
-        inputs = work.client_inputs(state.hooks, ids, x)
+        inputs = work.client_inputs(state.hooks, ids, x, round_key(key, t, EXTRA))
         broadcast = work.broadcast(state.hooks)
 
         def client_fn(cid, steps, rows, agg_row, client_input):
@@ -879,23 +891,26 @@ def compose(
             metrics.update(m)
         cohort_state, cohort_metrics = distributor.finalize(
             state.cohort,
-            DistributorSummary(x, params, update, ids, weights, hook_means),
+            DistributorSummary(x, params, update, ids, weights, hook_means, t),
             data,
             key,
         )
         agg_rows = scatter_rows(agg_rows, ids, part, new_agg_rows)
-        participants = jnp.sum(part)
+        participants = distributor.uploads(ids, weights)
+        cohort_up = cohort_metrics.pop("bytes_up", 0.0)
+        cohort_down = cohort_metrics.pop("bytes_down", 0.0)
         up, down = work.payload(x, state.hooks)
         size = float(tree_size_bytes(x))
         metrics = {
             "train_loss": train_loss,
             "participants": participants,
             "stragglers": jnp.sum(is_straggler),
-            "local_steps": jnp.sum(jnp.where(part, local_steps, 0)) / jnp.maximum(participants, 1),
+            "local_steps": jnp.sum(jnp.where(part, local_steps, 0)) / jnp.maximum(jnp.sum(part), 1),
             "update_norm": tree_norm(mean_update),
             "consistency": consistency(mean_sq_norm, mean_update),
-            "bytes_up": participants.astype(jnp.float32) * (aggregator.payload(x) + up),
-            "bytes_down": distributor.downloads(ids, weights).astype(jnp.float32) * (size + down),
+            "bytes_up": participants.astype(jnp.float32) * (aggregator.payload(x) + up) + cohort_up,
+            "bytes_down": distributor.downloads(ids, weights).astype(jnp.float32) * (size + down)
+            + cohort_down,
             **agg_metrics,
             **metrics,
             **cohort_metrics,

@@ -13,11 +13,11 @@ Round t (all clients of the cohort S_t in parallel, per-client state stacked `[C
 
 with `p_in`, `p_i` the similarity graph of `similarity.py` (also the aggregation weights) and
 `last_w[n] = w_bar_0` initially, so `u_0^i = w_bar_0`. The gradient is taken at the perturbed
-point and the step is applied to the local iterate, through `local_train`'s `grad_fn` hook
-(`perturbed_grad_fn`). `beta = 1` is FedAvg with the graph weights. Any L2 penalty belongs to
-the loss (`Model.l2`), so its gradient is taken at the perturbed point (A6); gradient clipping
-(the paper's appendix) is `client_optimizer=optax.chain(optax.clip_by_global_norm(G),
-optax.sgd(gamma))`.
+point and the step is applied to the local iterate: the `perturbation` local-step hook of
+the composable layer (`compose`), whose server-side state is `last_w`. `beta = 1` is FedAvg
+with the graph weights. Any L2 penalty belongs to the loss (`Model.l2`), so its gradient is
+taken at the perturbed point (A6); gradient clipping (the paper's appendix) is
+`client_optimizer=optax.chain(optax.clip_by_global_norm(G), optax.sgd(gamma))`.
 
 Computing `U` at the start of round t from `last_w` equals the paper's server computing
 `u_{t+1}` at the end of round t. Resolutions of the spec (section 7):
@@ -28,8 +28,11 @@ Computing `U` at the start of round t from `last_w` equals the paper's server co
   `stale="global"`: they are filled with the new global model, which keeps
   `sum_i p_i u_i = w_bar` (Lemma 1) exact under partial participation.
 - A5: clients without data have `p_i = 0`, contribute nothing and use `u_i = w_bar_t`.
-Deviation: the server step is an optax optimizer on the averaged delta (default `sgd(1.0)`,
-the paper's plain averaging), as in `fedavg`. The downlink carries two models (`w_bar`, `u_i`).
+- A client that does not contribute (weight 0: no data, `p_i = 0`, a dropped
+  straggler) keeps its `last_w` (or gets the global model with `stale="global"`).
+Deviation: the server step is any server optimizer and aggregator on the updates (default
+`1.0`, the paper's plain averaging), as in `fedavg`. The downlink carries two models
+(`w_bar`, `u_i`).
 Storage of `last_w` is `O(C |w|)` and the graph `O(C^2)`.
 """
 
@@ -41,60 +44,36 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from flax import struct
 
+from fedjax_sim.algorithms.compose import (
+    Distributor,
+    LocalHook,
+    Options,
+    RoundSummary,
+    check_number,
+    cohort_distributor,
+    preset,
+    scatter_rows,
+    synchronous,
+)
 from fedjax_sim.algorithms.core import (
-    COHORT,
-    LOCAL,
     Algorithm,
-    ClientOptimizer,
     CohortSpec,
-    GradFn,
-    LocalSpec,
     LossFn,
-    Params,
-    client_key,
-    client_optimizer_for_round,
     float_dtype,
-    local_train,
-    map_cohort,
-    payload_metrics,
-    round_key,
-    server_optimizer_from,
-    server_update,
     tree_norm,
     tree_sub,
 )
 from fedjax_sim.algorithms.similarity import MessageMethod, SimilarityGraph, graph_from_data
-from fedjax_sim.data.federated import FederatedData
-from fedjax_sim.parallel import ClientMap
+from fedjax_sim.data.federated import FederatedData, tree_size_bytes
 
-
-@struct.dataclass
-class FedLPSState:
-    """Global model, server optimizer state, every client's last local model, round."""
-
-    params: Params
-    opt_state: Any
-    last_w: Params  # [C, ...] last reported final local model of each client
-    round: jax.Array  # [] int32
-
-
-def perturbed_grad_fn(anchor: Params, beta: float) -> GradFn:
-    """Local-step hook: the gradient at `beta * w + (1 - beta) * anchor`, applied to `w`."""
-
-    def grad_fn(value_and_grad, params, batch, aux):
-        point = jax.tree.map(lambda w, u: beta * w + (1.0 - beta) * u, params, anchor)
-        loss, grads = value_and_grad(point, batch)
-        return loss, grads, aux
-
-    return grad_fn
+Params = Any
 
 
 def perturbation_anchors(last_w: Params, params: Params, row_weights: jax.Array) -> Params:
-    """`u = row_weights @ last_w`, `[M, ...]` for `row_weights` `[M, C]` (rows of `p_in / p_i`);
-    rows without neighbours (all zero, `p_i = 0`) get the global model `params`."""
+    """`u = row_weights @ last_w`, `[M, ...]` for `row_weights` `[M, C]` (rows of `p_in / p_i`)
+    and `last_w` `[C, ...]`; rows without neighbours (all zero, `p_i = 0`) get the global
+    model `params`."""
     has = jnp.sum(row_weights, axis=1) > 0  # [M]
 
     def one(stacked, glob):
@@ -104,13 +83,81 @@ def perturbation_anchors(last_w: Params, params: Params, row_weights: jax.Array)
     return jax.tree.map(one, last_w, params)
 
 
-def _check_beta(beta: float) -> float:
-    beta = float(beta)
-    if not (np.isfinite(beta) and 0.0 < beta <= 1.0):
-        raise ValueError(f"FedLPS beta must be in (0, 1], got {beta}")
-    return beta
+def perturbation(
+    beta: Any, graph: SimilarityGraph, stale: Literal["keep", "global"] = "keep"
+) -> LocalHook:
+    """FedLPS' local perturbation (Buttaci & Calafiore, Algorithm 1): the gradient at
+    `beta w + (1 - beta) u_i`, applied to the local iterate w, with the anchor
+    `u_i = sum_n (p_in / p_i) last_w[n]` (`perturbation_anchors`, a `client_input` fixed
+    during the round). Server: `last_w [C, ...]`, every client's last final model (the global
+    model at init); `finalize` writes the contributing clients' final models (`stale="keep"`)
+    and fills every other client with the new global model (`stale="global"`). Summand
+    `||u_i - x_t||` (metric `anchor_gap`); the anchor travels down with the model."""
+    check_number("FedLPS beta", beta, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
+    if stale not in ("keep", "global"):
+        raise ValueError(f"stale must be 'keep' or 'global', got {stale!r}")
+    num_clients = graph.num_clients
+    row_normalised = np.asarray(graph.row_normalised)  # [C, C] float64, rows sum to 1 or 0
+
+    def client_inputs(last_w, ids, params, key):
+        rows = jnp.asarray(row_normalised, float_dtype())[ids]  # [M, C]
+        return perturbation_anchors(last_w, params, rows)
+
+    def direction(value_and_grad, params, batch, carry, ctx):
+        anchor = ctx.client_input
+        point = jax.tree.map(lambda w, u: beta * w + (1.0 - beta) * u, params, anchor)
+        loss, grads = value_and_grad(point, batch)
+        return loss, grads, carry
+
+    def finish(ctx, outcome):
+        return None, tree_norm(tree_sub(ctx.client_input, ctx.anchor)), outcome.params
+
+    def finalize(last_w, s: RoundSummary):
+        reported = s.weights > 0
+        last_w = scatter_rows(last_w, s.ids, reported, s.outputs)
+        if stale == "global":
+            fill = jnp.zeros(num_clients, bool).at[s.ids].set(reported)
+            last_w = jax.tree.map(
+                lambda w, g: jnp.where(fill.reshape(-1, *(1,) * g.ndim), w, g[None]),
+                last_w,
+                s.new_params,
+            )
+        return last_w, {"anchor_gap": s.mean}  # p-weighted mean ||u_i - w_bar_t||
+
+    return LocalHook(
+        "perturbation",
+        direction,
+        init_server=lambda params: jax.tree.map(
+            lambda x: jnp.broadcast_to(x, (num_clients, *x.shape)), params
+        ),
+        client_inputs=client_inputs,
+        broadcast=lambda last_w: None,
+        finish=finish,
+        finalize=finalize,
+        payload=lambda params, last_w: (0.0, float(tree_size_bytes(params))),
+    )
 
 
+def degree_cohort(cohort: CohortSpec, graph: SimilarityGraph) -> Distributor:
+    """`cohort` (uniform sampling) aggregated with the graph degrees `p_i`."""
+    if cohort.sampling != "uniform":
+        raise ValueError("fedlps samples cohorts uniformly without replacement")
+    if cohort.client_weights is not None:
+        raise ValueError("fedlps aggregates with the graph degrees; leave client_weights unset")
+    num_clients = graph.num_clients
+    spec = dataclasses.replace(cohort, client_weights=tuple(graph.degrees))
+    spec.check(num_clients)
+    base = cohort_distributor(spec)
+
+    def sample(state, key, counts, round_):
+        if counts.shape[0] != num_clients:
+            raise ValueError(f"data has {counts.shape[0]} clients, the graph {num_clients}")
+        return base.sample(state, key, counts, round_)
+
+    return base._replace(sample=sample)
+
+
+@preset()
 def fedlps(
     loss_fn: LossFn,
     *,
@@ -118,113 +165,23 @@ def fedlps(
     graph: SimilarityGraph | None = None,
     data: FederatedData | None = None,
     message_method: MessageMethod = "auto",
-    client_optimizer: ClientOptimizer = 0.1,
-    server_optimizer: float | optax.GradientTransformation = 1.0,
-    local: LocalSpec = LocalSpec(),
-    cohort: CohortSpec = CohortSpec(),
     stale: Literal["keep", "global"] = "keep",
-    client_map: ClientMap = ClientMap(),
+    options: Options,
 ) -> Algorithm:
-    """FedLPS (Buttaci & Calafiore): local SGD with gradients at `beta w + (1-beta) u_i`.
+    """FedLPS (Buttaci & Calafiore): local steps with gradients at `beta w + (1-beta) u_i`.
 
-    Args:
-      loss_fn: `loss_fn(params, batch)` (e.g. `model.loss`, L2 penalty included).
-      beta: perturbation weight in (0, 1]; 1 is FedAvg with the graph weights.
-      graph: the one-off similarity graph (`similarity.graph_from_data(train)`); if None it
-        is computed from `data` with `message_method`.
-      data: the training data, used only to build the graph when `graph` is None.
-      client_optimizer: local optimizer (float = SGD learning rate gamma).
-      server_optimizer: applied to `-mean(Delta_i)`; 1.0 = the paper's averaging.
-      local: local work (paper: `LocalSpec(epochs=10, batch_size=256, sampling="epoch")`).
-      cohort: participation (`size`, uniform sampling); aggregation weights are always the
-        graph degrees `p_i`.
-      stale: "keep" (non-participants keep their last model) or "global" (filled with the
-        new global model; see the module docstring, A3).
-      client_map: how the cohort is mapped (vmap / lax.map).
-    """
-    beta = _check_beta(beta)
-    if stale not in ("keep", "global"):
-        raise ValueError(f"stale must be 'keep' or 'global', got {stale!r}")
+    `beta` the perturbation weight in (0, 1] (1: FedAvg with the graph weights); `graph` the
+    one-off similarity graph (`similarity.graph_from_data(train)`), or None to compute it from
+    `data` with `message_method`; `stale` "keep" or "global" (module docstring, A3). The
+    paper's local work is `LocalSpec(epochs=10, batch_size=256, sampling="epoch")` and its
+    server step the plain average (`server_optimizer=1.0`); `cohort` (uniform, `size`) is
+    aggregated with the graph degrees `p_i`."""
     if graph is None:
         if data is None:
             raise ValueError("fedlps needs the similarity graph: pass graph= or data=")
         graph = graph_from_data(data, method=message_method)
-    if cohort.sampling != "uniform":
-        raise ValueError("fedlps samples cohorts uniformly without replacement")
-    if cohort.client_weights is not None:
-        raise ValueError("fedlps aggregates with the graph degrees; leave client_weights unset")
-    num_clients = graph.num_clients
-    cohort = dataclasses.replace(cohort, client_weights=tuple(graph.degrees))
-    cohort.check(num_clients)
-    row_normalised = np.asarray(graph.row_normalised)  # [C, C] float64, rows sum to 1 or 0
-    server_opt = server_optimizer_from(server_optimizer)
-    client_optimizer_for_round(client_optimizer, jnp.int32(0))  # validate eagerly
-
-    def init(params: Params, key: jax.Array) -> FedLPSState:
-        del key
-        last_w = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_clients, *x.shape)), params)
-        return FedLPSState(
-            params=params, opt_state=server_opt.init(params), last_w=last_w, round=jnp.int32(0)
-        )
-
-    def step(state: FedLPSState, data: FederatedData, key: jax.Array):
-        if data.num_clients != num_clients:
-            raise ValueError(f"data has {data.num_clients} clients, the graph {num_clients}")
-        idx, weights = cohort.sample(round_key(key, state.round, COHORT), data.counts)
-        counts = data.counts[idx]
-        num_steps = local.num_steps(counts)
-        rows = jnp.asarray(row_normalised, float_dtype())[idx]  # [M, C]
-        anchors = perturbation_anchors(state.last_w, state.params, rows)  # [M, ...]
-        optimizer = client_optimizer_for_round(client_optimizer, state.round)
-        local_key = round_key(key, state.round, LOCAL)
-
-        def client_fn(cid, steps, anchor):
-            result = local_train(
-                state.params,
-                data.client(cid),
-                client_key(local_key, cid),
-                loss_fn=loss_fn,
-                optimizer=optimizer,
-                max_steps=local.max_steps(data.max_count),
-                num_steps=None if local.epochs is None else steps,
-                batch_size=local.batch_size,
-                sampling=local.sampling,
-                grad_fn=perturbed_grad_fn(anchor, beta),
-            )
-            gap = tree_norm(tree_sub(anchor, state.params))
-            delta = tree_sub(result.params, state.params)
-            return (delta, result.loss, gap), (result.params, result.steps)
-
-        out = map_cohort(client_fn, idx, weights, num_steps, anchors, client_map=client_map)
-        mean_delta, train_loss, anchor_gap = out.mean
-        final, steps = out.outputs
-        params, opt_state = server_update(
-            state.params, mean_delta, server_opt, state.opt_state, apply=out.total_weight > 0
-        )
-        has_data = counts > 0
-
-        def write(stacked, new, glob_new):
-            keep = has_data.reshape(-1, *(1,) * (new.ndim - 1))
-            stacked = stacked.at[idx].set(jnp.where(keep, new, stacked[idx]))
-            if stale == "global":
-                reported = jnp.zeros(num_clients, bool).at[idx].set(has_data)
-                fill = reported.reshape(-1, *(1,) * glob_new.ndim)
-                stacked = jnp.where(fill, stacked, glob_new[None])
-            return stacked
-
-        last_w = jax.tree.map(write, state.last_w, final, params)
-        participants = jnp.sum(weights > 0)
-        metrics = {
-            "train_loss": train_loss,
-            "participants": participants,
-            "local_steps": jnp.sum(jnp.where(weights > 0, steps, 0)) / jnp.maximum(participants, 1),
-            "update_norm": tree_norm(mean_delta),
-            "anchor_gap": anchor_gap,  # p-weighted mean ||u_i - w_bar_t||
-            **payload_metrics(state.params, participants, jnp.int32(idx.shape[0]), 1.0, 2.0),
-        }
-        new_state = FedLPSState(
-            params=params, opt_state=opt_state, last_w=last_w, round=state.round + 1
-        )
-        return new_state, metrics
-
-    return Algorithm(init, step)
+    hook = perturbation(beta, graph, stale)
+    if not isinstance(options.cohort, CohortSpec):
+        raise ValueError("fedlps samples its cohort from a CohortSpec (graph-degree weights)")
+    cohort = degree_cohort(options.cohort, graph)
+    return synchronous(loss_fn, dataclasses.replace(options, cohort=cohort), hook)

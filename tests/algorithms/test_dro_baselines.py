@@ -11,7 +11,8 @@ from jax import lax
 
 from fedjax_sim.algorithms import dr_dsgd, drfa
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
-from fedjax_sim.algorithms.dro_baselines import dr_dsgd_grad_fn, project_simplex, snapshot_step
+from fedjax_sim.algorithms.dro_baselines import project_simplex, snapshot_step
+from fedjax_sim.algorithms.hooks import tilted
 from fedjax_sim.data import Batch, least_squares
 from fedjax_sim.models import linear_regression
 from fedjax_sim.parallel import ClientMap
@@ -72,7 +73,7 @@ def test_drfa_full_participation_matches_numpy_and_payload(x64):
     alg = drfa(
         model.loss,
         num_clients=5,
-        learning_rate=lr,
+        client_optimizer=lr,
         dual_lr=gamma,
         dual_lr_decay=decay,
         local=FULL,
@@ -99,8 +100,8 @@ def test_drfa_full_participation_matches_numpy_and_payload(x64):
         v = np.array([f(i, w_snap)[0] for i in range(5)])
         lam = np_project_simplex(lam + gamma * decay**r * steps * v)
     np.testing.assert_allclose(state.params["w"], w_bar, rtol=1e-10)
-    np.testing.assert_allclose(state.weights, lam, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(metrics["client_weights"][-1], state.weights)
+    np.testing.assert_allclose(state.cohort, lam, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(metrics["client_weights"][-1], state.cohort)
     assert np.abs(lam - 0.2).max() > 0.01  # the weights really moved
     d = 3  # payload: w(I), w(t') and one loss up; w and w_snap down (float64)
     np.testing.assert_array_equal(metrics["bytes_up"], 5 * (2 * d + 1) * 8)
@@ -116,7 +117,7 @@ def test_drfa_sampled_variant_trains_clients_drawn_from_lambda(x64):
     alg = drfa(
         model.loss,
         num_clients=5,
-        learning_rate=0.05,
+        client_optimizer=0.05,
         dual_lr=0.01,
         weight_floor=0.01,
         initial_weights=jnp.array([0.0, 0.0, 1.0, 0.0, 0.0]),
@@ -131,7 +132,7 @@ def test_drfa_sampled_variant_trains_clients_drawn_from_lambda(x64):
     for _ in range(4):
         w = w - 0.05 * f(2, w)[1]
     np.testing.assert_allclose(state.params["w"], w, rtol=1e-10)
-    lam = np.asarray(state.weights)
+    lam = np.asarray(state.cohort)
     # floored at 0.01 then renormalised (authors' code): the floor shrinks by the renormaliser
     assert lam.sum() == pytest.approx(1.0) and lam.min() >= 0.01 / (1 + 5 * 0.01)
     d = 3
@@ -144,7 +145,7 @@ def test_dr_dsgd_matches_numpy_and_payload(x64):
     f = Quadratic(problem.data)
     model = linear_regression(3)
     mu, lr = 3.0, 0.1
-    alg = dr_dsgd(model.loss, mu=mu, learning_rate=lr, local=FULL, client_map=VMAP)
+    alg = dr_dsgd(model.loss, temperature=mu, client_optimizer=lr, local=FULL, client_map=VMAP)
     key = jax.random.key(0)
     w0 = np.array([0.3, -0.5, 0.2])
     state, metrics = run(alg.step, alg.init({"w": jnp.asarray(w0)}, key), problem.data, key, 4)
@@ -174,13 +175,13 @@ def test_dr_dsgd_bias_shrinks_with_batch_size(x64):
     loss, grad = f(0, np.asarray(w["w"]))
     target = np.exp(loss / mu) / mu * grad
     vg = jax.value_and_grad(model.loss)
-    hook = dr_dsgd_grad_fn(mu)
+    hook = tilted(mu).direction
 
     def mean_direction(key, batch_size, samples=100_000):
         idx = jax.random.randint(key, (samples, batch_size), 0, 30)
 
         def one(i):
-            return hook(vg, w, Batch(x[i], y[i], jnp.ones(batch_size)), None)[1]["w"]
+            return hook(vg, w, Batch(x[i], y[i], jnp.ones(batch_size)), None, None)[1]["w"]
 
         return jnp.mean(lax.map(one, idx, batch_size=4096), axis=0)
 
@@ -196,8 +197,8 @@ def test_dr_dsgd_bias_shrinks_with_batch_size(x64):
 def test_bad_hyper_parameters_raise():
     loss = linear_regression(2).loss
     for mu in (0.0, -1.0):
-        with pytest.raises(ValueError, match="mu must be > 0"):
-            dr_dsgd(loss, mu=mu)
+        with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+            dr_dsgd(loss, temperature=mu)
     with pytest.raises(ValueError, match="uniformly"):
         dr_dsgd(loss, cohort=CohortSpec(weighting="counts"))
     with pytest.raises(ValueError, match="dual_lr must be >= 0"):

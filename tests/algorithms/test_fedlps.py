@@ -14,6 +14,7 @@ import pytest
 from jax import lax
 
 from fedjax_sim.algorithms import ALGORITHMS, fedavg, fedlps, fedprox
+from fedjax_sim.algorithms.compose import HookContext
 from fedjax_sim.algorithms.core import (
     COHORT,
     LOCAL,
@@ -23,7 +24,7 @@ from fedjax_sim.algorithms.core import (
     local_train,
     round_key,
 )
-from fedjax_sim.algorithms.fedlps import perturbation_anchors, perturbed_grad_fn
+from fedjax_sim.algorithms.fedlps import perturbation, perturbation_anchors
 from fedjax_sim.algorithms.similarity import similarity_graph
 from fedjax_sim.data import least_squares, pack
 from fedjax_sim.models import linear_regression, logistic_regression
@@ -148,7 +149,7 @@ def test_round_zero_anchors_are_initial_model():
     alg = fedlps(model.loss, beta=0.5, graph=graph)
     state = alg.init(params, jax.random.key(0))
     rows = jnp.asarray(graph.row_normalised, jnp.float32)
-    anchors = perturbation_anchors(state.last_w, state.params, rows)
+    anchors = perturbation_anchors(state.hooks["perturbation"], state.params, rows)
     for leaf, init in zip(jax.tree.leaves(anchors), jax.tree.leaves(params), strict=True):
         assert leaf.shape == (5, *init.shape)
         np.testing.assert_allclose(leaf, np.broadcast_to(init, leaf.shape), rtol=1e-6, atol=1e-7)
@@ -182,7 +183,7 @@ def test_lemma1_identity_every_local_step(x64):
     flat = lambda tree: jnp.concatenate([a.reshape(-1) for a in jax.tree.leaves(tree)])
     w_bar0 = np.asarray(flat(state.params))
     rows = jnp.asarray(graph.row_normalised)
-    anchors = perturbation_anchors(state.last_w, state.params, rows)
+    anchors = perturbation_anchors(state.hooks["perturbation"], state.params, rows)
     u = np.asarray(jax.vmap(flat)(anchors))  # [C, P]
     np.testing.assert_allclose(p @ u, w_bar0, rtol=1e-10, atol=1e-12)
     assert np.abs(u - w_bar0).max() > 1e-2  # the anchors are not trivially the global model
@@ -192,7 +193,8 @@ def test_lemma1_identity_every_local_step(x64):
     local_key = round_key(key, state.round, LOCAL)
 
     def recorded(cid, anchor, steps):
-        inner = perturbed_grad_fn(anchor, beta)
+        ctx = HookContext(state.params, None, None, anchor, state.round, lr, cid)
+        inner = perturbation(beta, graph).direction
 
         def grad_fn(value_and_grad, params, batch, aux):
             k, points, iterates = aux
@@ -202,7 +204,7 @@ def test_lemma1_identity_every_local_step(x64):
                 box["w"] = w
                 return value_and_grad(w, b)
 
-            loss, g, _ = inner(spy, params, batch, None)
+            loss, g, _ = inner(spy, params, batch, None, ctx)
             points = jax.tree.map(lambda buf, v: buf.at[k].set(v), points, box["w"])
             iterates = jax.tree.map(lambda buf, v: buf.at[k].set(v), iterates, params)
             return loss, g, (k + 1, points, iterates)
@@ -244,7 +246,9 @@ def test_lemma1_identity_every_local_step(x64):
     np.testing.assert_allclose(lhs, rhs, rtol=1e-10, atol=1e-12)
     new_state, _ = step(state, data, key)
     np.testing.assert_allclose(flat(new_state.params), p @ final, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(jax.vmap(flat)(new_state.last_w), final, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        jax.vmap(flat)(new_state.hooks["perturbation"]), final, rtol=1e-12, atol=1e-12
+    )
 
 
 # ------------------------------------------------------------------------------ 5. contraction
@@ -414,12 +418,12 @@ def test_partial_participation_matches_numpy(x64, stale):
         cohorts.append(
             np.asarray(cohort.sample(round_key(key, jnp.int32(t), COHORT), problem.data.counts)[0])
         )
-        u = perturbation_anchors(state.last_w, state.params, rows)["w"]
+        u = perturbation_anchors(state.hooks["perturbation"], state.params, rows)["w"]
         sums.append(np.asarray(graph.degrees @ np.asarray(u) - state.params["w"]))
-        before = np.asarray(state.last_w["w"])
+        before = np.asarray(state.hooks["perturbation"]["w"])
         state, metrics = step(state, problem.data, key)
         outside = ~np.isin(np.arange(7), cohorts[-1]) | (counts == 0)
-        after = np.asarray(state.last_w["w"])
+        after = np.asarray(state.hooks["perturbation"]["w"])
         if stale == "keep":  # a client that did not report keeps its last model
             np.testing.assert_array_equal(after[outside], before[outside])
         else:  # non-reporters are filled with the new global model
@@ -434,7 +438,7 @@ def test_partial_participation_matches_numpy(x64, stale):
         problem, graph, w0, 6, beta=0.4, lr=0.1, steps=4, cohorts=cohorts, stale=stale
     )
     np.testing.assert_allclose(state.params["w"], ref_w, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(state.last_w["w"], ref_last, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(state.hooks["perturbation"]["w"], ref_last, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(np.array(sums), ref_sums, atol=1e-10)
     # Lemma 1's premise sum_i p_i u_i = w_bar holds every round only with stale="global"
     if stale == "global":
