@@ -448,6 +448,7 @@ def test_moving_average_variance():
         num_clients=32,
         k=1,
         client_optimizer=optax.sgd(0.0),  # w frozen
+        threshold_lr=0.0,  # eta2 = eta1 = 0
         beta1=beta1,
         local=LocalSpec(steps=1, batch_size=1),
         client_map=VMAP,
@@ -607,5 +608,5 @@ def test_bad_hyper_parameters_raise():
     problem = least_squares(num_clients=4, examples_per_client=5, dim=2)
     alg = fgdro_cvar(loss, num_clients=5)
     key = jax.random.key(0)
-    with pytest.raises(ValueError, match="has 5 clients but the data has 4"):
+    with pytest.raises(ValueError, match="num_clients=5 but the data has 4"):
         alg.step(alg.init({"w": jnp.zeros(2)}, key), problem.data, key)
