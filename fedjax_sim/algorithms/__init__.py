@@ -11,7 +11,13 @@ from collections.abc import Callable
 from typing import Any
 
 from fedjax_sim.algorithms.area import area
-from fedjax_sim.algorithms.async_common import diminishing, sample_size_scale
+from fedjax_sim.algorithms.asynchronous import (
+    AsyncOptions,
+    ServerRule,
+    compose_async,
+    diminishing,
+    sample_size_scale,
+)
 from fedjax_sim.algorithms.core import (
     Algorithm,
     CohortSpec,
@@ -133,8 +139,11 @@ def accepted_kwargs(name: str) -> set[str] | None:
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
+    "AsyncOptions",
+    "ServerRule",
     "area",
     "as_fedavg",
+    "compose_async",
     "CohortSpec",
     "LocalResult",
     "LocalSpec",
