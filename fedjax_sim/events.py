@@ -30,6 +30,8 @@ Arrival models (`Arrivals`):
   J ~ Categorical(lambda_1..lambda_n[, lambda_s]) by inverse CDF (O(log C)); the time
   advances by Exp(Lambda), Lambda = sum of the rates in the draw. This is the embedded jump
   chain of independent Poisson clocks, so it reproduces the paper's continuous-time model.
+- "forced": the fire masks of a `[T, C]` bool array (`Arrivals.forced`; iteration t fires
+  exactly row t mod T), for controlled experiments.
 - per-client rates as an array, or drawn from a clipped normal (`normal_rates`).
 - availability (`Availability`): a client can only fire while available (a `[C, T]` trace or
   a periodic on/off window, both functions of the simulated time). Arrivals of unavailable

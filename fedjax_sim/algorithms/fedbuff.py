@@ -61,9 +61,7 @@ def fedbuff(
     return asynchronous(loss_fn, options, buffered(weight, options.server_optimizer, mean=True))
 
 
-@async_preset(
-    fixed=("buffer_size", "server_optimizer"), buffer_size=1, read_after_aggregate=True
-)
+@async_preset(fixed=("buffer_size", "server_optimizer"), buffer_size=1, read_after_aggregate=True)
 def fedasync(
     loss_fn: LossFn,
     *,

@@ -59,7 +59,9 @@ def clocked_cohort(events: Events, size: int) -> Distributor:
 
 
 @async_preset(fixed=("buffer_size", "capacity", "read_after_aggregate"))
-def s_fedavg(loss_fn: LossFn, *, cohort_size: int | None = None, options: AsyncOptions) -> Algorithm:
+def s_fedavg(
+    loss_fn: LossFn, *, cohort_size: int | None = None, options: AsyncOptions
+) -> Algorithm:
     """S-FedAvg: one synchronous round per `step`; the round lasts until its slowest client
     completes (time in metrics["t"]). `events` gives the client clocks (only
     `completion_times` is used); `cohort_size` clients per round (None: all);

@@ -264,7 +264,7 @@ def algorithm_kwargs(w: Workload, data: FederatedData | None = None) -> dict[str
     Learning rates are offered under all names used in the project (`client_optimizer`,
     `client_lr`, `learning_rate`); `num_clients` sizes per-client state; `data` is offered to
     factories that precompute something from the training data. Asynchronous algorithms get
-    `firing_probability=1`, `capacity=None` and `delta=C`: every client fires and is trained
+    `firing_probability=1`, `capacity=None` and `buffer_size=C`: every client fires and is trained
     in each event iteration, aggregated once, so one `step` does a FedAvg round's work.
     """
     kw: dict[str, Any] = {
@@ -279,7 +279,7 @@ def algorithm_kwargs(w: Workload, data: FederatedData | None = None) -> dict[str
         "num_clients": w.clients,
         "firing_probability": 1.0,
         "capacity": None,
-        "delta": w.clients,
+        "buffer_size": w.clients,
     }
     if data is not None:
         kw["data"] = data
