@@ -435,8 +435,8 @@ class AsyncOptions:
         )
 
 
+# `compose.preset` over the asynchronous options
 async_preset = functools.partial(preset, options_class=AsyncOptions)
-"""`compose.preset` over `AsyncOptions`."""
 
 
 def asynchronous(
