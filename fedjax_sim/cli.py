@@ -143,16 +143,17 @@ def _algorithm_line(name: str) -> str:
     """`name  description` and, indented below, its own hyper-parameters with defaults and
     the common options it takes."""
     from fedjax_sim import algorithms
-    from fedjax_sim.algorithms.compose import OPTION_NAMES
+    from fedjax_sim.algorithms.compose import option_names
     from fedjax_sim.config import hyper_parameters
 
-    params = hyper_parameters(algorithms.ALGORITHMS[name])
+    factory = algorithms.ALGORITHMS[name]
+    params, common = hyper_parameters(factory), option_names(factory)
     own = [
         f"{p.name}=<required>" if p.default is p.empty else f"{p.name}={_short(p.default)}"
         for p in params.values()
-        if p.name not in OPTION_NAMES and p.name != "client_map"
+        if p.name not in common
     ]
-    options = [p for p in params if p in OPTION_NAMES]
+    options = [p for p in params if p in common]
     return (
         f"{name:14s} {algorithms.describe(name)}\n"
         f"{'':16s} hyper-parameters: {', '.join(own) or '-'}\n"

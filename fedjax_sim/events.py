@@ -30,6 +30,8 @@ Arrival models (`Arrivals`):
   J ~ Categorical(lambda_1..lambda_n[, lambda_s]) by inverse CDF (O(log C)); the time
   advances by Exp(Lambda), Lambda = sum of the rates in the draw. This is the embedded jump
   chain of independent Poisson clocks, so it reproduces the paper's continuous-time model.
+- "forced": the fire masks of a `[T, C]` bool array (`Arrivals.forced`; iteration t fires
+  exactly row t mod T), for controlled experiments.
 - per-client rates as an array, or drawn from a clipped normal (`normal_rates`).
 - availability (`Availability`): a client can only fire while available (a `[C, T]` trace or
   a periodic on/off window, both functions of the simulated time). Arrivals of unavailable
@@ -164,19 +166,24 @@ def compact(mask: jax.Array, capacity: int) -> jax.Array:
     return jnp.where(targets <= counts[-1], ids, n).astype(jnp.int32)
 
 
-def take_rows(a: jax.Array, ids: jax.Array) -> jax.Array:
-    """`a[ids]` for slot ids `[B]` (padding id C reads row C - 1), always as a gather (for
-    B = 1 the row is gathered twice: a single-row read becomes a dynamic-slice that XLA fuses
-    into its consumers, which defeats the in-place update of `set_rows`)."""
-    safe = jnp.minimum(ids, a.shape[0] - 1)
-    if ids.shape[0] == 1:
-        return a[jnp.concatenate([safe, safe])][:1]
-    return a[safe]
+def take_rows(tree: Any, ids: jax.Array) -> Any:
+    """`a[ids]` of every leaf `a [C, ...]` of a tree (an array is one) for slot ids `[B]`
+    (padding id C reads row C - 1), always as a gather (for B = 1 the row is gathered twice:
+    a single-row read becomes a dynamic-slice that XLA fuses into its consumers, which
+    defeats the in-place update of `set_rows`)."""
+
+    def take(a):
+        safe = jnp.minimum(ids, a.shape[0] - 1)
+        if ids.shape[0] == 1:
+            return a[jnp.concatenate([safe, safe])][:1]
+        return a[safe]
+
+    return jax.tree.map(take, tree)
 
 
-def set_rows(a: jax.Array, ids: jax.Array, active: jax.Array, values: jax.Array) -> jax.Array:
-    """`a[ids[b]] = values[b]` for the active slots of `a [C, ...]` (padding id C and inactive
-    slots are dropped), done in place under jit.
+def set_rows(tree: Any, ids: jax.Array, active: jax.Array, values: Any) -> Any:
+    """`a[ids[b]] = values[b]` for the active slots of every leaf `a [C, ...]` of a tree
+    (padding id C and inactive slots are dropped), done in place under jit.
 
     In-place matters: cost must follow the firing clients, not C. XLA updates the stacked
     array in place only if every read of it is ordered before the write. Reads of the same
@@ -185,15 +192,18 @@ def set_rows(a: jax.Array, ids: jax.Array, active: jax.Array, values: jax.Array)
     iteration (measured: 2 copies per array per iteration). Writing `where(active, values,
     old rows)` makes the write depend on the read and removes the copies; one slot is padded to
     two because XLA turns a one-row scatter into an update plus a select over the whole array."""
-    c = a.shape[0]
-    old = take_rows(a, ids)
-    keep = active.reshape((-1,) + (1,) * (a.ndim - 1))
-    values = jnp.where(keep, values.astype(a.dtype), old)
-    write = jnp.where(active, ids, c)
-    if ids.shape[0] == 1:
-        write = jnp.concatenate([write, jnp.full((1,), c, write.dtype)])
-        values = jnp.concatenate([values, values])
-    return a.at[write].set(values, mode="drop")
+
+    def put(a, v):
+        c = a.shape[0]
+        keep = active.reshape((-1,) + (1,) * (a.ndim - 1))
+        v = jnp.where(keep, v.astype(a.dtype), take_rows(a, ids))
+        write = jnp.where(active, ids, c)
+        if ids.shape[0] == 1:
+            write = jnp.concatenate([write, jnp.full((1,), c, write.dtype)])
+            v = jnp.concatenate([v, v])
+        return a.at[write].set(v, mode="drop")
+
+    return jax.tree.map(put, tree, values)
 
 
 # ------------------------------------------------------------------------------ configuration
@@ -230,23 +240,29 @@ def normal_rates(
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Arrivals:
-    """When clients fire. Build with `bernoulli`, `poisson` or `categorical`.
+    """When clients fire. Build with `bernoulli`, `poisson`, `categorical` or `forced`.
 
     Attributes:
-      mode: "bernoulli" (independent per-client draws each iteration) or "categorical"
-        (exactly one event per iteration among the clients [and the server]).
-      values: `[C]` float64: firing probabilities p_i (bernoulli) or rates lambda_i
-        (categorical, any positive scale; P(J = i) = lambda_i / Lambda).
-      dt: simulated time per iteration (bernoulli).
+      mode: "bernoulli" (independent per-client draws each iteration), "categorical"
+        (exactly one event per iteration among the clients [and the server]) or "forced"
+        (the fire masks of a `[T, C]` array).
+      values: `[C]` float64: firing probabilities p_i (bernoulli; forced: the frequencies
+        of the mask) or rates lambda_i (categorical, any positive scale; P(J = i) =
+        lambda_i / Lambda).
+      dt: simulated time per iteration (bernoulli, forced).
+      mask: `[T, C]` bool (forced): who fires in iteration t (row t mod T).
     """
 
-    mode: Literal["bernoulli", "categorical"]
+    mode: Literal["bernoulli", "categorical", "forced"]
     values: np.ndarray
     dt: float = 1.0
+    mask: np.ndarray | None = None
 
     def __post_init__(self):
-        if self.mode not in ("bernoulli", "categorical"):
-            raise ValueError(f"arrival mode must be bernoulli|categorical, got {self.mode!r}")
+        if self.mode not in ("bernoulli", "categorical", "forced"):
+            raise ValueError(
+                f"arrival mode must be bernoulli|categorical|forced, got {self.mode!r}"
+            )
         if self.mode == "bernoulli" and not np.all((self.values > 0) & (self.values <= 1)):
             bad = self.values[~((self.values > 0) & (self.values <= 1))][0]
             raise ValueError(f"firing probabilities p_i must be in (0, 1], got {bad}")
@@ -287,6 +303,16 @@ class Arrivals:
         """One event per iteration, J ~ Categorical(rates) (plus the server clock for the
         random aggregation rule); time advances by Exp(sum of rates)."""
         return cls("categorical", _as_rates(rates, "rates", num_clients))
+
+    @classmethod
+    def forced(cls, mask: Any, *, dt: float = 1.0) -> Arrivals:
+        """Exactly the clients of `mask[t mod T]` (`[T, C]` bool) fire in iteration t = 0,
+        1, ... (for controlled experiments and tests; at most the largest row fits the
+        default capacity, a smaller capacity drops the rest and counts them as overflow)."""
+        m = np.asarray(mask)
+        if m.ndim != 2 or m.shape[0] == 0 or m.shape[1] == 0 or m.dtype != np.bool_:
+            raise ValueError(f"forced fire masks must be a [T, C] bool array, got {m.shape}")
+        return cls("forced", m.mean(0), dt, m)
 
     @property
     def num_clients(self) -> int:
@@ -508,7 +534,7 @@ class Events:
             raise ValueError(
                 f"availability covers {self.availability.num_clients} clients, arrivals {c}"
             )
-        if self.aggregation.rule == "random" and self.arrivals.mode == "bernoulli":
+        if self.aggregation.rule == "random" and self.bernoulli:
             if not 0 < self.aggregation.p <= 1:
                 raise ValueError(
                     f"server event probability p_s must be in (0, 1], got {self.aggregation.p}"
@@ -523,7 +549,8 @@ class Events:
 
     @property
     def bernoulli(self) -> bool:
-        return self.arrivals.mode == "bernoulli"
+        """Iterations of `dt` in which any number of clients may fire (bernoulli, forced)."""
+        return self.arrivals.mode != "categorical"
 
     @property
     def slots(self) -> int:
@@ -534,6 +561,8 @@ class Events:
         if self.capacity == "auto":
             if not self.bernoulli:
                 return 1
+            if self.arrivals.mask is not None:
+                return max(1, int(self.arrivals.mask.sum(1).max()))
             m = float(self.arrivals.values.sum())
             return min(c, math.ceil(m + 6.0 * math.sqrt(m) + 8.0))
         return min(int(self.capacity), c)
@@ -553,7 +582,7 @@ class Events:
         """Every client reads the initial model at iteration 0 (version 0)."""
         c = self.num_clients
         ftype = jax.dtypes.canonicalize_dtype(jnp.float64)
-        if self.bernoulli:
+        if self.arrivals.mode == "bernoulli":
             p = jnp.asarray(self.arrivals.values, ftype)
             next_event = _geometric(uniforms(key, jnp.arange(c), ftype), p)
         else:
@@ -576,9 +605,15 @@ class Events:
         ftype = state.t.dtype
         if self.bernoulli:
             t_new = k_new.astype(ftype) * self.arrivals.dt
-            due_all = state.next_event <= k_new
+            forced = self.arrivals.mask
+            if forced is not None:
+                due_all = jnp.asarray(forced)[state.k % forced.shape[0]]
+            else:
+                due_all = state.next_event <= k_new
             if b == c:
                 ids = jnp.arange(c, dtype=jnp.int32)
+            elif forced is not None:
+                ids = compact(due_all, b)
             else:
                 overdue = state.next_event < k_new
                 ids = lax.cond(
@@ -667,7 +702,7 @@ class Events:
         read_version = state.version + (tick.aggregate if read_after_aggregate else 0)
         count = state.count + jnp.sum(tick.active).astype(jnp.int32)
         next_event = state.next_event
-        if self.bernoulli:
+        if self.arrivals.mode == "bernoulli":
             next_event = set_rows(next_event, tick.ids, tick.due, tick.next_event)
         slots = tick.ids.shape
         return EventState(

@@ -68,7 +68,7 @@ def stateful_algorithms(client_map):
     events_kw = dict(
         num_clients=16,
         firing_probability=0.4,
-        delta=3,
+        buffer_size=3,
         capacity=7,
         client_optimizer=0.05,
         local=LocalSpec(steps=2, batch_size=4),

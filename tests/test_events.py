@@ -199,3 +199,23 @@ def test_completion_times_distribution():
 def test_bad_input_raises(build, message):
     with pytest.raises(ValueError, match=message):
         build()
+
+
+def test_forced_fire_masks():
+    """`Arrivals.forced(mask)`: the clients that fire in iteration t are exactly mask[t]
+    (rows repeat after T); default capacity = the largest row, so nothing is deferred."""
+    rng = np.random.default_rng(0)
+    mask = rng.random((7, 9)) < 0.4
+    mask[3] = False  # an empty iteration
+    mask[5] = True  # everyone
+    events = Events(Arrivals.forced(mask), Aggregation.every(2))
+    assert events.slots == 9
+    _, ticks = run_engine(events, 14)
+    fired = np.zeros((14, 9), bool)
+    for t in range(14):
+        fired[t, ticks.ids[t][ticks.active[t]]] = True
+    np.testing.assert_array_equal(fired, np.concatenate([mask, mask]))
+    assert (ticks.overflow == 0).all()
+    np.testing.assert_allclose(ticks.t, np.arange(1, 15))
+    with pytest.raises(ValueError, match="bool"):
+        Arrivals.forced(np.ones((3, 4)))

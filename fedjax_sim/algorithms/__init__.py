@@ -11,7 +11,13 @@ from collections.abc import Callable
 from typing import Any
 
 from fedjax_sim.algorithms.area import area
-from fedjax_sim.algorithms.async_common import diminishing, sample_size_scale
+from fedjax_sim.algorithms.asynchronous import (
+    AsyncOptions,
+    ServerRule,
+    compose_async,
+    diminishing,
+    sample_size_scale,
+)
 from fedjax_sim.algorithms.core import (
     Algorithm,
     CohortSpec,
@@ -127,8 +133,11 @@ def build(name: str, loss_fn: Callable, **kwargs: Any) -> Algorithm:
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
+    "AsyncOptions",
+    "ServerRule",
     "area",
     "as_fedavg",
+    "compose_async",
     "CohortSpec",
     "LocalResult",
     "LocalSpec",

@@ -951,21 +951,20 @@ class Options:
     report_cohort: bool = False
 
 
-OPTION_NAMES = tuple(f.name for f in dataclasses.fields(Options))
-
-
 def preset(
-    fixed: tuple[str, ...] = (), **defaults: Any
+    fixed: tuple[str, ...] = (), *, options_class: type = Options, **defaults: Any
 ) -> Callable[[Callable[..., Algorithm]], Callable[..., Algorithm]]:
-    """Declares a synchronous preset `name(loss_fn, *, own hyper-parameters, options)` with
-    the `Options` defaults changed by `defaults`; the options named in `fixed` are set by the
-    preset itself and refused from callers. The decorated function receives its own
-    keyword arguments plus `options: Options`; its signature (for `help`, the CLI and
-    `fedjax-sim list`) shows the accepted options as keyword-only parameters."""
+    """Declares a preset `name(loss_fn, *, own hyper-parameters, options)` with the
+    `options_class` defaults (`Options`: synchronous; `asynchronous.AsyncOptions`) changed by
+    `defaults`; the options named in `fixed` are set by the preset itself and refused from
+    callers. The decorated function receives its own keyword arguments plus `options`; its
+    signature (for `help`, the CLI and `fedjax-sim list`) shows the accepted options as
+    keyword-only parameters."""
     import functools
     import inspect
 
-    unknown = (set(defaults) | set(fixed)) - set(OPTION_NAMES)
+    option_names = tuple(f.name for f in dataclasses.fields(options_class))
+    unknown = (set(defaults) | set(fixed)) - set(option_names)
     if unknown:
         raise TypeError(f"unknown preset option defaults {sorted(unknown)}")
 
@@ -973,10 +972,10 @@ def preset(
         sig = inspect.signature(fn)
         own = [p for p in sig.parameters.values() if p.name != "options"]
         own_names = {p.name for p in own}
-        base = Options(**defaults)
+        base = options_class(**defaults)
         extra = [
             inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=getattr(base, name))
-            for name in OPTION_NAMES
+            for name in option_names
             if name not in own_names and name not in fixed
         ]
         accepted = own_names - {"loss_fn"} | {p.name for p in extra}
@@ -990,7 +989,7 @@ def preset(
                     f"takes {sorted(accepted)}"
                 )
             # an option the preset also names (e.g. a required num_clients) goes to both
-            opts = {k: v for k, v in kwargs.items() if k in OPTION_NAMES}
+            opts = {k: v for k, v in kwargs.items() if k in option_names}
             own_kwargs = {k: v for k, v in kwargs.items() if k in own_names}
             return fn(loss_fn, options=dataclasses.replace(base, **opts), **own_kwargs)
 
@@ -999,6 +998,17 @@ def preset(
         return factory
 
     return wrap
+
+
+def option_names(factory: Callable[..., Algorithm]) -> tuple[str, ...]:
+    """The common options a preset (or a `functools.partial` of one) takes besides its own
+    hyper-parameters (empty for a plain factory)."""
+    base = getattr(factory, "defaults", None) or getattr(
+        getattr(factory, "func", None), "defaults", None
+    )
+    if base is None:
+        return ()
+    return tuple(f.name for f in dataclasses.fields(base))
 
 
 def synchronous(loss_fn: LossFn, options: Options, *hooks: LocalHook) -> Algorithm:

@@ -292,7 +292,7 @@ def scaled(scale: Any) -> LocalHook:
     section 7.2): loss and gradient times `s_i`."""
     s = np.asarray(scale)
     if s.ndim != 1 or not np.isfinite(s).all() or s.min() < 0:
-        raise ValueError("client scale must be a [C] array of finite values >= 0")
+        raise ValueError("client_scale must be a [C] array of finite values >= 0")
     table = jnp.asarray(s)
 
     def direction(value_and_grad, params, batch, carry, ctx):

@@ -275,7 +275,6 @@ def algorithm_kwargs(w: Workload, data: FederatedData | None = None) -> dict[str
         "firing_probability": 1.0,
         "capacity": None,
         "buffer_size": w.clients,
-        "delta": w.clients,
     }
     if data is not None:
         kw["data"] = data

@@ -286,7 +286,7 @@ def _cases():
         "as_fedavg_bernoulli": lambda: A.as_fedavg(
             loss,
             events=BERN,
-            server_lr=0.7,
+            server_optimizer=0.7,
             client_optimizer=0.05,
             local=L3,
             read_after_aggregate=True,
@@ -298,7 +298,7 @@ def _cases():
             staleness="hinge",
             staleness_a=0.5,
             staleness_b=1.0,
-            server_lr=0.8,
+            server_optimizer=0.8,
             client_optimizer=0.05,
             local=L3,
         ),
@@ -306,7 +306,7 @@ def _cases():
         "mifa_bernoulli": lambda: A.mifa(
             loss,
             events=BERN,
-            server_lr=0.8,
+            server_optimizer=0.8,
             client_optimizer=0.05,
             local=L3,
             client_scale=A.sample_size_scale(SIZES),

@@ -77,7 +77,7 @@ def test_matches_eager_iterate_form_and_keeps_invariant(x64, case):
         read_after_aggregate=after,
         weights=weights,
     )
-    collect = lambda s: (s.params["w"], s.residual["w"], s.memory["w"])
+    collect = lambda s: (s.params["w"], s.rule.residual["w"], s.rule.memory["w"])
     state, metrics, (xs, us, y) = run(alg, PROBLEM.data, {"w": jnp.asarray(X0)}, 80, key, collect)
     wts = np.full(6, 1 / 6) if weights is None else weights / weights.sum()
     seq = replay(events, key, 80)
@@ -87,7 +87,7 @@ def test_matches_eager_iterate_form_and_keeps_invariant(x64, case):
     agg = metrics["aggregated"].astype(bool)
     assert agg.sum() >= 5 and agg.tolist() == [a for *_, a in seq]
     np.testing.assert_allclose(xs, ref, rtol=1e-12, atol=1e-13)
-    np.testing.assert_allclose(state.memory["w"], y_ref, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(state.rule.memory["w"], y_ref, rtol=1e-12, atol=1e-13)
     avg = np.einsum("i,tij->tj", wts, y)
     scale = np.abs(avg).max()
     assert np.abs(xs + us - avg).max() <= 1e-12 * scale
@@ -164,7 +164,7 @@ def test_exact_convergence_float64(x64, mode):
     assert np.sum((w(state) - x_star) ** 2) < 1e-20
     # clients' memories reach x_i* = x* - alpha grad f_i(x*)
     x_i_star = x_star - lr * (problem.hessians @ x_star - problem.linear)
-    np.testing.assert_allclose(state.memory["w"], x_i_star, atol=1e-9)
+    np.testing.assert_allclose(state.rule.memory["w"], x_i_star, atol=1e-9)
     np.testing.assert_allclose(x_i_star.mean(0), x_star, atol=1e-12)
 
 
@@ -236,7 +236,7 @@ def test_permanent_dropout_converges_to_predicted_biased_point(x64):
     state, metrics, _ = run(alg, problem.data, {"w": jnp.zeros(2)}, 3000, jax.random.key(2))
     assert metrics["lost"].sum() > 100
     others = np.arange(n) != j
-    y_j = np.asarray(state.memory["w"])[j]
+    y_j = np.asarray(state.rule.memory["w"])[j]
     h, c = problem.hessians[others].sum(0), problem.linear[others].sum(0)
     predicted = np.linalg.solve(np.eye(2) + lr * h, y_j + lr * c)
     np.testing.assert_allclose(w(state), predicted, atol=1e-10)
@@ -298,7 +298,7 @@ def test_same_key_bit_identical_and_jit_equals_eager(x64):
     assert not np.array_equal(w(a), w(c))  # another key, another trajectory
     # no jit (eager is slow: one step) from the jitted state at iteration j, where the next
     # iteration delivers computed local work (memory moves) and aggregates (x_s moves)
-    mem, x_s = path.memory["w"], path.params["w"]
+    mem, x_s = path.rule.memory["w"], path.params["w"]
     moves = [
         t
         for t in range(len(x_s) - 1)
@@ -378,7 +378,7 @@ def test_toy_quadratic_closed_form_and_simulate_integration():
     [
         (dict(init_mode="lazy", num_clients=4), "init_mode"),
         (dict(num_clients=None), "num_clients"),
-        (dict(num_clients=4, delta=0), "Delta"),
+        (dict(num_clients=4, buffer_size=0), "Delta"),
         (dict(num_clients=4, capacity=0), "capacity"),
         (dict(num_clients=4, firing_probability=1.5), "in \\(0, 1\\]"),
         (dict(num_clients=4, firing_probability=0.0), "in \\(0, 1\\]"),

@@ -147,12 +147,12 @@ def test_s_fedavg_is_gradient_descent_with_max_completion_round_time(x64):
 @pytest.mark.parametrize(
     "build, message",
     [
-        (lambda: fedasync(MODEL.loss, events=CAT), "delta=1"),
+        (lambda: fedasync(MODEL.loss, events=CAT), "buffer_size=1"),
         (lambda: fedasync(MODEL.loss, num_clients=4, mixing=1.5), "mixing"),
         (lambda: fedbuff(MODEL.loss, num_clients=4, staleness="linear"), "staleness"),
         (lambda: fedbuff(MODEL.loss, num_clients=4, staleness="polynomial", staleness_a=-1), "a"),
-        (lambda: as_fedavg(MODEL.loss, num_clients=4, server_lr=0.0), "eta_g"),
-        (lambda: mifa(MODEL.loss, num_clients=4, delta=0), "Delta"),
+        (lambda: as_fedavg(MODEL.loss, num_clients=4, server_optimizer=0.0), "eta_g"),
+        (lambda: mifa(MODEL.loss, num_clients=4, buffer_size=0), "Delta"),
         (lambda: mifa(MODEL.loss, num_clients=4, firing_probability=2.0), "in \\(0, 1\\]"),
         (lambda: s_fedavg(MODEL.loss, num_clients=4, cohort_size=5), "cohort_size"),
     ],
@@ -200,3 +200,17 @@ def test_iteration_updates_per_client_state_in_place():
     bern = Events(Arrivals.bernoulli(0.05, num_clients=c), Aggregation.random(0.3))
     alg = area(MODEL.loss, events=bern, local=local)
     assert not _body_copies(alg, problem, rf"\[{c},")
+
+
+def test_forced_fire_masks_drive_an_algorithm(x64):
+    """`Arrivals.forced(mask [T, C])`: in iteration t exactly the clients of mask[t] deliver
+    and read (their read iteration becomes t + 1)."""
+    mask = np.random.default_rng(1).random((10, 6)) < 0.5
+    events = Events(Arrivals.forced(mask), Aggregation.every(2))
+    alg = mifa(MODEL.loss, events=events, client_optimizer=0.05, local=FULL)
+    collect = lambda s: s.events.read_iteration
+    _, metrics, reads = run(
+        alg, PROBLEM.data, {"w": jnp.asarray(X0)}, 10, jax.random.key(0), collect
+    )
+    np.testing.assert_array_equal(reads == np.arange(1, 11)[:, None], mask)
+    np.testing.assert_array_equal(metrics["fired"], mask.sum(1))

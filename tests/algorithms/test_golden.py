@@ -26,6 +26,11 @@ ULPS: dict[str, tuple[int, str]] = {
     # for eta_g = 1 (case "fedcm"), one rounding apart for eta_g = 0.7 (1 ulp params; 16 ulps
     # in the consistency metric, a difference of nearly equal numbers)
     "fedcm_server_lr": (16, "momentum from the mean update, not the server step"),
+    # S-FedAvg through `compose`: x_t + (sum_i Delta_i) / M through the server SGD(1) instead
+    # of the model average sum_i x_i / M, and the weighted mean of the losses (measured over 8
+    # rounds: 7 and 5 ulps params, 2 and 3 the train loss)
+    "s_fedavg": (7, "x + mean delta, not the model average"),
+    "s_fedavg_cohort": (5, "x + mean delta, not the model average"),
 }
 
 
