@@ -162,7 +162,10 @@ def parse_hparams(items: Sequence[str]) -> dict[str, object]:
         try:
             out[name] = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
-            out[name] = raw
+            try:  # inf, nan: checked (and refused) by the algorithm's hyper-parameter types
+                out[name] = float(raw)
+            except ValueError:
+                out[name] = raw
     return out
 
 

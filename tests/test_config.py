@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from fedjax_sim import algorithms
-from fedjax_sim.config import ALGORITHM_FLAGS, RunConfig, UsageError, algorithm_kwargs
+from fedjax_sim.config import (
+    ALGORITHM_FLAGS,
+    RunConfig,
+    UsageError,
+    algorithm_kwargs,
+    hyper_parameters,
+)
 from fedjax_sim.data import least_squares
 from fedjax_sim.models import linear_regression
 from fedjax_sim.parallel import ClientMap
@@ -26,7 +32,7 @@ CHANGED = {
     "sampling": "epoch",
     "cohort_size": 3,
     "cohort_sampling": "proportional",
-    "weighting": "uniform",  # "counts" where the algorithm's default is uniform
+    "weighting": ("uniform", "counts"),  # one of the two differs from the base's "auto"
     "mu": 0.5,
     "straggler_fraction": 1.0,
 }
@@ -49,29 +55,46 @@ def _final(name: str, cfg: RunConfig, explicit: set[str]):
     return np.asarray(state.params["w"])
 
 
-def _value(name: str, flag: str):
-    if flag == "weighting":
-        default = algorithms.ALGORITHMS[name].__signature__.parameters.get("cohort")
-        if default is not None and getattr(default.default, "weighting", None) == "uniform":
-            return "counts"
-    return CHANGED[flag]
+def _base(name: str) -> RunConfig:
+    """BASE, with every client firing in each event iteration for asynchronous algorithms
+    (otherwise two iterations may leave the model untouched) and a temperature above the
+    losses (DR-DSGD's exp(l / t) overflows otherwise)."""
+    takes = hyper_parameters(algorithms.ALGORITHMS[name])
+    hparams = [f"{k}={v}" for k, v in ASYNC.items() if k in takes]
+    return RunConfig(algorithm=name, hparams=tuple(hparams), **BASE)
+
+
+ASYNC = {"firing_probability": 1.0, "buffer_size": 2, "temperature": 50.0}
+
+
+# algorithms that always average uniformly (their papers): --weighting uniform is their own
+# rule (no change), --weighting counts must be refused
+UNIFORM_ONLY = {"fgdro_cvar", "fgdro_kl", "fgdro_kl_adam", "local_adam", "dr_dsgd"}
 
 
 @pytest.mark.parametrize("name", sorted(algorithms.ALGORITHMS))
 def test_every_flag_changes_the_result_or_is_refused(name):
-    base_cfg = RunConfig(algorithm=name, **BASE)
+    base_cfg = _base(name)
     base = _final(name, base_cfg, set())
+    assert np.isfinite(base).all()
     for flag in ALGORITHM_FLAGS:
-        cfg = dataclasses.replace(base_cfg, **{flag: _value(name, flag)})
-        try:
-            changed = _final(name, cfg, {flag})
-        except UsageError as e:
-            assert f"--{flag.replace('_', '-')}" in str(e) or "--" in str(e)
+        values = CHANGED[flag] if isinstance(CHANGED[flag], tuple) else (CHANGED[flag],)
+        outcomes = []
+        for value in values:
+            cfg = dataclasses.replace(base_cfg, **{flag: value})
+            try:
+                outcomes.append(not np.array_equal(_final(name, cfg, {flag}), base, equal_nan=True))
+            except UsageError as e:
+                assert f"--{flag.replace('_', '-')}" in str(e)
+                outcomes.append("refused")
+            except (ValueError, TypeError) as e:  # the algorithm's own check (CLI: exit 2)
+                assert str(e)
+                outcomes.append("refused")
+        if flag == "weighting" and name in UNIFORM_ONLY:
+            assert outcomes == [False, "refused"], (name, outcomes)
             continue
-        except (ValueError, TypeError) as e:  # the algorithm's own check (the CLI: exit 2)
-            assert str(e)
-            continue
-        assert not np.array_equal(changed, base), f"{name}: --{flag} accepted but no effect"
+        ok = any(o is True for o in outcomes) or all(o == "refused" for o in outcomes)
+        assert ok, f"{name}: --{flag} accepted but no effect ({outcomes})"
 
 
 def test_unused_flag_is_refused_naming_flag_and_algorithm():

@@ -222,6 +222,11 @@ def drfa(
         raise ValueError("DRFA runs a fixed number I of local steps: use LocalSpec(steps=I)")
     if not isinstance(o.cohort, CohortSpec):
         raise ValueError("DRFA samples its cohort from lam: give cohort=CohortSpec(size=m)")
+    if o.cohort.sampling != "uniform" or o.cohort.weighting != "auto":
+        raise ValueError(
+            "DRFA draws its cohort from lam and weights it by lam: only the cohort size is "
+            "used (leave sampling and weighting unset)"
+        )
     o.cohort.check(num_clients)
     cohort = lambda_ascent(
         loss_fn,

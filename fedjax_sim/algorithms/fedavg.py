@@ -45,7 +45,7 @@ def fedavg(loss_fn: LossFn, *, options: Options) -> Algorithm:
     return synchronous(loss_fn, options)
 
 
-@preset(server_optimizer=0.1, fixed=("client_optimizer", "local", "weight_decay"))
+@preset(server_optimizer=0.1, fixed=("client_optimizer", "local", "weight_decay", "stragglers"))
 def fedsgd(loss_fn: LossFn, *, batch_size: int | None = None, options: Options) -> Algorithm:
     """FedSGD: one gradient per client per round (its whole data unless `batch_size`),
     averaged and applied by the server optimizer (a float is SGD with that learning rate)."""

@@ -142,8 +142,10 @@ def degree_cohort(cohort: CohortSpec, graph: SimilarityGraph) -> Distributor:
     """`cohort` (uniform sampling) aggregated with the graph degrees `p_i`."""
     if cohort.sampling != "uniform":
         raise ValueError("fedlps samples cohorts uniformly without replacement")
-    if cohort.client_weights is not None:
-        raise ValueError("fedlps aggregates with the graph degrees; leave client_weights unset")
+    if cohort.client_weights is not None or cohort.weighting != "auto":
+        raise ValueError(
+            "fedlps aggregates with the graph degrees; leave client_weights and weighting unset"
+        )
     num_clients = graph.num_clients
     spec = dataclasses.replace(cohort, client_weights=tuple(graph.degrees))
     spec.check(num_clients)
