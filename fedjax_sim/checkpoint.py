@@ -48,7 +48,7 @@ def _first_line(e: BaseException) -> str:
 @contextlib.contextmanager
 def deferred_sigint() -> Iterator[None]:
     """Holds back Ctrl-C (SIGINT) for the duration of the block and delivers it afterwards
-    as KeyboardInterrupt, so a write is never left half done (main thread only)."""
+    to the previous handler, so a write is never left half done (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -59,7 +59,10 @@ def deferred_sigint() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, previous)
         if received:
-            raise KeyboardInterrupt
+            if callable(previous):
+                previous(signal.SIGINT, None)  # e.g. a run's "stop at the next chunk" flag
+            else:
+                raise KeyboardInterrupt
 
 
 class Checkpointer:

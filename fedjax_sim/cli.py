@@ -566,7 +566,18 @@ def _condense(text: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Entry point; returns the exit code (0, 1: NaN guard, 2: usage error, 130: Ctrl-C)."""
+    code = _main(list(sys.argv[1:] if argv is None else argv))
+    if argv is None and code == EXIT_INTERRUPTED:
+        # as a program: skip interpreter teardown, which can crash while JAX/XLA threads are
+        # still busy after an interrupt (everything is saved and flushed by now)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         names = ", ".join(COMMANDS)
         if argv and argv[0] not in ("-h", "--help"):

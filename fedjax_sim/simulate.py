@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +46,38 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(f"interrupted at round {round_}")
         self.round = round_
         self.checkpoint = checkpoint
+
+
+class _StopRequest:
+    """Ctrl-C handling of a run (main thread only): the first SIGINT asks the run to stop at
+    the next chunk boundary (where the state is consistent and a checkpoint is saved); a
+    second one raises KeyboardInterrupt at once. A KeyboardInterrupt raised inside JAX
+    internals can be swallowed (e.g. in a garbage-collection callback); a flag cannot."""
+
+    def __init__(self, notice: bool):
+        self.requested = False
+        self.notice = notice
+        self._previous: Any = None
+
+    def __enter__(self) -> _StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        if self.notice:
+            print(
+                "\nstopping after the current chunk of rounds (Ctrl-C again to stop now)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
 
 # ------------------------------------------------------------------------------ evaluation
@@ -240,11 +275,15 @@ def simulate(
     r = start
     t0 = time.perf_counter()
     last_saved = start
+    stop = _StopRequest(notice=progress and writer)
     try:
+        stop.__enter__()
         if start == 0 and not history.evals:
             do_eval(0, state)
         r = start
         while r < num_rounds:
+            if stop.requested:
+                raise KeyboardInterrupt
             end = min(
                 num_rounds,
                 _next_multiple(r, evaluation.every),
@@ -284,6 +323,7 @@ def simulate(
             saved_to = ckpt.directory
         raise Interrupted(r, saved_to) from None
     finally:
+        stop.__exit__()
         if bar is not None:
             bar.close()
         history.meta["seconds"] = time.perf_counter() - t0
