@@ -244,6 +244,8 @@ def format_out(template: str, name: str = "out", **fields: str) -> str:
 def check_writable_dir(path: str, name: str = "out") -> None:
     """Refuses a folder that could not be created or written, without creating anything:
     the path (or its nearest existing ancestor) must be a writable directory."""
+    if not path.strip():
+        raise UsageError(f"{flag(name)} must be a folder path, got an empty string")
     if "\0" in path:
         raise UsageError(f"{flag(name)} contains a NUL character")
     p = os.path.abspath(path)
