@@ -47,10 +47,13 @@ class Range:
         bad_lo = self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo)
         bad_hi = self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi)
         if bad_lo or bad_hi:
-            raise UsageError(f"{flag(name)} must be {self.describe()}, got {value}")
+            raise UsageError(f"{flag(name)} must be {self.describe(bad_lo)}, got {value}")
 
-    def describe(self) -> str:
+    def describe(self, low_side: bool = True) -> str:
+        """`>= 1`, `<= 4294967295` (technical maxima: only the violated side) or `in [0, 1]`."""
         lo, hi = self.lo, self.hi
+        if hi in (INT32_MAX, UINT32_MAX):
+            lo, hi = (lo, None) if low_side else (None, hi)
         if hi is None:
             return f"{'>' if self.lo_open else '>='} {_num(lo)}"
         if lo is None:
