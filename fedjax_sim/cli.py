@@ -8,18 +8,22 @@ Bad flags or impossible settings print one error line and exit with code 2.
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 import os
 import sys
+import typing
 from collections.abc import Callable, Sequence
 from typing import Literal
 
 import tyro
 
+from fedjax_sim import validate
 from fedjax_sim.bench.config import BenchConfig
-from fedjax_sim.config import RunConfig, UsageError, build_run, check_config, explicit_fields
+from fedjax_sim.config import RunConfig, build_run, check_config, explicit_fields
+from fedjax_sim.validate import UsageError
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 @dataclasses.dataclass
@@ -55,17 +59,24 @@ def _setup_devices(cfg: RunConfig):
 
 
 def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
-    """`fedjax-sim run`; `explicit` names the fields set on the command line or in --config."""
-    out_dir = cfg.out.format(algorithm=cfg.algorithm, dataset=cfg.dataset)
+    """`fedjax-sim run`; `explicit` names the fields set on the command line or in --config
+    (default: those that differ from the defaults)."""
+    out_dir = validate.check_run(cfg)  # every generic check; nothing created
+    checkpoint_dir = os.path.join(out_dir, "checkpoints")
+    resume_round = _check_resume(cfg, checkpoint_dir)
     try:
         check_config(cfg)
         mesh = _setup_devices(cfg)
         dataset, model, algorithm, client_map = build_run(cfg, mesh, explicit)
+    except UsageError:
+        raise
     except (ValueError, TypeError, FileNotFoundError) as e:  # bad settings or missing data
         raise UsageError(str(e)) from e
+    _check_loaded(cfg, dataset, model, client_map, mesh)
     import jax
 
-    from fedjax_sim.simulate import EvalSpec, NonFiniteError, simulate
+    from fedjax_sim.checkpoint import CheckpointError
+    from fedjax_sim.simulate import EvalSpec, Interrupted, NonFiniteError, simulate
 
     summary = dataset.train.summary()
     natural = cfg.dataset in ("shakespeare", "fedprox_synthetic", "shifted_minority")
@@ -88,11 +99,12 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
             test=dataset.test,
             evaluation=EvalSpec(every=cfg.eval_every),
             out_dir=out_dir,
-            checkpoint_dir=os.path.join(out_dir, "checkpoints")
-            if (cfg.checkpoint_every or cfg.resume)
-            else None,
+            checkpoint_dir=checkpoint_dir,  # always: Ctrl-C saves a checkpoint
             checkpoint_every=cfg.checkpoint_every,
-            resume=cfg.resume,
+            resume=resume_round is not None,
+            on_resume=lambda r: (
+                main_process and print(f"resumed from round {r} ({checkpoint_dir}/{r})", flush=True)
+            ),
             progress=cfg.progress,
             meta={
                 "config": dataclasses.asdict(cfg),
@@ -105,11 +117,25 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
     except NonFiniteError as e:
         print(f"fedjax-sim: error: {e}", file=sys.stderr)
         return 1
+    except CheckpointError as e:
+        raise UsageError(f"--resume: {e}") from e
+    except Interrupted as e:
+        if main_process:
+            where = (
+                f"; checkpoint saved to {e.checkpoint}; rerun the same command with --resume"
+                if e.checkpoint
+                else ""
+            )
+            print(f"\nfedjax-sim: interrupted at round {e.round}{where}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if not main_process:
         return 0
+    warning = validate.divergence_message(history.metrics.get("train_loss", []))
+    if warning:
+        print(f"fedjax-sim: warning: {warning}", file=sys.stderr)
     final = history.final()
     line = f"final test accuracy: {final.get('test_accuracy', float('nan')):.4f}"
-    if "client_accuracy_mean" in final:
+    if "client_accuracy_mean" in final and math.isfinite(final["client_accuracy_worst"]):
         line += (
             f" (client mean {final['client_accuracy_mean']:.4f}, "
             f"worst {final['client_accuracy_worst']:.4f})"
@@ -121,6 +147,84 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
     return 0
 
 
+def _check_resume(cfg: RunConfig, checkpoint_dir: str) -> int | None:
+    """The round to resume from (None: start at 0). Refuses `--resume` without a checkpoint
+    or with settings that differ from the checkpoint's, an unreadable checkpoint, and a fresh
+    start over an interrupted run's checkpoint (it would be replaced)."""
+    from fedjax_sim.checkpoint import Checkpointer, CheckpointError
+
+    ckpt = Checkpointer(checkpoint_dir)
+    flag = "--resume" if cfg.resume else "--resume-or-start"
+    try:
+        latest = ckpt.latest_round()
+        if latest is None:
+            if cfg.resume:
+                raise UsageError(
+                    f"--resume: no checkpoint in {checkpoint_dir}; start without --resume "
+                    "(or use --resume-or-start)"
+                )
+            return None
+        saved = ckpt.read_history(latest).get("meta", {}).get("config")
+    except CheckpointError as e:
+        raise UsageError(f"{flag if cfg.resume or cfg.resume_or_start else '--out'}: {e}") from e
+    finally:
+        ckpt.close()
+    if not isinstance(saved, dict):
+        raise UsageError(f"{flag}: checkpoint {checkpoint_dir}/{latest} stores no run config")
+    if not (cfg.resume or cfg.resume_or_start):
+        if latest < int(saved.get("rounds", 0)):
+            raise UsageError(
+                f"--out {os.path.dirname(checkpoint_dir)} holds an interrupted run (checkpoint "
+                f"at round {latest} of {saved.get('rounds')}); continue it with --resume, or "
+                "choose another --out"
+            )
+        return None
+    diffs = validate.config_diff(saved, dataclasses.asdict(cfg))
+    if diffs:
+        raise UsageError(
+            f"{flag}: the checkpoint in {checkpoint_dir} was written with other settings: "
+            f"{'; '.join(diffs)}"
+        )
+    return latest
+
+
+def _check_loaded(cfg: RunConfig, dataset, model, client_map, mesh) -> None:
+    """Checks that need the loaded data and the model (no compilation): model/data
+    mismatch, an empty or tiny central test set, and a memory estimate."""
+    import jax
+    import numpy as np
+
+    from fedjax_sim.data.federated import tree_size_bytes
+
+    train = dataset.train
+    validate.check_model_data(cfg.model, cfg.dataset, train.x.dtype, train.feature_shape)
+    num_test = dataset.test.size if dataset.test is not None else 0
+    message = validate.central_test_message(num_test, cfg.num_clients)
+    if message and message[1]:
+        raise UsageError(message[0])
+    if message and jax.process_index() == 0:
+        print(f"fedjax-sim: warning: {message[0]}", file=sys.stderr)
+    key = jax.random.key(0)
+    params = jax.eval_shape(model.init, key)
+    x_one = jax.ShapeDtypeStruct((1, *train.feature_shape), train.x.dtype)
+    try:
+        act = validate.forward_activation_bytes(model.apply, params, x_one)
+    except Exception:  # a model that cannot be traced on one example: count its output only
+        act = 0
+    row_bytes = (
+        int(np.prod(train.feature_shape)) * train.x.dtype.itemsize
+        + int(np.prod(train.y.shape[2:])) * train.y.dtype.itemsize
+    )
+    rows = train.max_count
+    batch = rows if cfg.sampling == "full" else cfg.batch_size
+    pcb = validate.per_client_bytes(tree_size_bytes(params), row_bytes, act, batch, rows)
+    cohort = cfg.cohort_size or cfg.num_clients
+    shards = 1 if mesh is None else int(np.prod(list(mesh.shape.values())))
+    _, live = client_map.resolve(-(-cohort // shards))  # clients computed at once
+    available = validate.available_memory_bytes(jax.devices()[0])
+    validate.check_memory(pcb, live, available, what=f"--batch-size {batch}: ")
+
+
 # ------------------------------------------------------------------------------ list
 def list_registered(cfg: ListConfig) -> int:
     from fedjax_sim import algorithms, data, models
@@ -129,7 +233,11 @@ def list_registered(cfg: ListConfig) -> int:
         "algorithms": [_algorithm_line(n) for n in sorted(algorithms.ALGORITHMS)],
         "datasets": [f"{n:14s} {_first_line(f)}" for n, f in sorted(data.DATASETS.items())]
         + [f"{'tfds:<name>':14s} any tfds catalogue dataset prepared on disk (array_record)"],
-        "partitioners": [f"{n:14s} {_first_line(f)}" for n, f in sorted(data.PARTITIONERS.items())],
+        "partitioners": [
+            f"{n:14s} {_first_line(data.PARTITIONERS[n])}"
+            for n in typing.get_args(typing.get_type_hints(RunConfig)["partition"])
+        ]
+        + ["(more in the Python API: fedjax_sim.data.PARTITIONERS)"],
         "models": [f"{n:14s} {_first_line(f)}" for n, f in sorted(models.MODELS.items())],
     }
     for name, lines in sections.items():
@@ -167,11 +275,17 @@ def _short(value: object) -> str:
 
 
 def _first_line(obj: Callable) -> str:
-    return (obj.__doc__ or "").strip().split("\n")[0]
+    """The first sentence of a docstring (joined over line breaks)."""
+    text = " ".join((obj.__doc__ or "").strip().split("\n\n")[0].split())
+    end = text.find(". ")
+    while end > 0 and text[:end].endswith(("et al", "e.g", "i.e", "cf")):
+        end = text.find(". ", end + 1)
+    return text if end < 0 else text[: end + 1]
 
 
 # ------------------------------------------------------------------------------ bench
 def bench(cfg: BenchConfig) -> int:
+    validate.check_bench(cfg)
     from fedjax_sim import algorithms
     from fedjax_sim.bench import suites, workloads
 
@@ -206,22 +320,54 @@ def _load_config_file(cls: type, argv: list[str]) -> tuple[object | None, list[s
     if "--config" not in argv:
         return None, argv
     i = argv.index("--config")
-    if i + 1 >= len(argv):
+    if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
         raise UsageError("--config needs a file path")
     path, rest = argv[i + 1], argv[:i] + argv[i + 2 :]
+    return cls(**validate.load_config_file(cls, path)), rest
+
+
+CONFIG_HELP = (
+    "--config FILE: a JSON object of flag defaults, keyed by field name (e.g. "
+    '{"num_clients": 50, "hidden": [128, 64]}); flags given on the command line override it.'
+)
+
+
+def _parse(cls: type, args: list[str], default: object | None, prog: str) -> object:
+    """tyro's parse, with its boxed error output condensed into one UsageError line."""
+    import contextlib
+    import io
+
+    err = io.StringIO()
     try:
-        with open(path) as f:
-            values = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise UsageError(f"cannot read config {path}: {e}") from e
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(values) - fields
-    if unknown:
-        raise UsageError(f"config {path} has unknown keys {sorted(unknown)}")
-    for k, v in values.items():
-        if isinstance(v, list):
-            values[k] = tuple(v)
-    return cls(**values), rest
+        with contextlib.redirect_stderr(err):
+            return tyro.cli(
+                cls,
+                args=args,
+                default=default,
+                prog=prog,
+                description=f"{(cls.__doc__ or '').strip()}\n\n{CONFIG_HELP}",
+            )
+    except SystemExit as e:
+        if not e.code:
+            raise
+        raise UsageError(_condense(err.getvalue())) from None
+
+
+def _condense(text: str) -> str:
+    """The message of a tyro error box in one line (plus its "did you mean" flags)."""
+    lines = [ln.strip().strip("│╭╰─╮╯").strip() for ln in text.splitlines()]
+    body: list[str] = []
+    for ln in lines[1:] if lines and "─" in text.splitlines()[0] else lines:
+        if not ln or set(ln) <= set("─ "):
+            break
+        body.append(ln)
+    message = " ".join(body) or "invalid command line"
+    if "Perhaps you meant:" in text:
+        tail = text.split("Perhaps you meant:")[1]
+        flags = sorted({w for w in tail.split() if w.startswith("--") and w != "--help"})
+        if flags:
+            message += f" (did you mean {', '.join(flags)}?)"
+    return message
 
 
 def _flags_given(cls: type, args: Sequence[str]) -> set[str]:
@@ -238,7 +384,18 @@ def _flags_given(cls: type, args: Sequence[str]) -> set[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Entry point; returns the exit code (0, 1: NaN guard, 2: usage error, 130: Ctrl-C)."""
+    code = _main(list(sys.argv[1:] if argv is None else argv))
+    if argv is None and code == EXIT_INTERRUPTED:
+        # as a program: skip interpreter teardown, which can crash while JAX/XLA threads are
+        # still busy after an interrupt (everything is saved and flushed by now)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         names = ", ".join(COMMANDS)
         if argv and argv[0] not in ("-h", "--help"):
@@ -257,7 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cls, handler = COMMANDS[argv[0]]
     try:
         default, rest = _load_config_file(cls, argv[1:])
-        cfg = tyro.cli(cls, args=rest, default=default, prog=f"fedjax-sim {argv[0]}")
+        cfg = _parse(cls, rest, default, prog=f"fedjax-sim {argv[0]}")
         if handler is run:
             from_file = set() if default is None else explicit_fields(default)
             return run(cfg, from_file | _flags_given(cls, rest))
@@ -265,6 +422,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"fedjax-sim: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("\nfedjax-sim: interrupted before the first round; nothing saved", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

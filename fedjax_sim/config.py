@@ -18,9 +18,7 @@ import math
 from collections.abc import Collection, Sequence
 from typing import Any, Literal
 
-
-class UsageError(ValueError):
-    """A user error in the command line or config: reported in one line, exit code 2."""
+from fedjax_sim.validate import UsageError
 
 
 @dataclasses.dataclass
@@ -59,12 +57,14 @@ class RunConfig:
     weighting: Literal["auto", "counts", "uniform"] = "auto"
     """Aggregation weights of client updates."""
     client_lr: float = 0.1
-    """Local SGD learning rate (FedSGD: the server learning rate)."""
+    """Client learning rate: the `client_optimizer` of every algorithm that has one (the
+    step-size paper's presets: the step size s_k)."""
     client_lr_decay: float = 1.0
     """Per-round decay of the local learning rate, `client_lr * decay^t` (the FedMIM paper's
     0.998), for algorithms whose client learning rate may be a schedule."""
     server_lr: float = 1.0
-    """Server learning rate (1.0 with SGD = plain averaging)."""
+    """Server learning rate: the `server_optimizer` (1.0 with SGD = plain averaging; FedSGD's
+    only learning rate; the named optimizer's for fedadam, fedyogi, ...)."""
     local_steps: int = 10
     """Local steps per round (ignored when --local-epochs is set)."""
     local_epochs: float | None = None
@@ -102,7 +102,10 @@ class RunConfig:
     checkpoint_every: int | None = None
     """Checkpoint the full state every N rounds (into OUT/checkpoints)."""
     resume: bool = False
-    """Resume from the latest checkpoint in OUT/checkpoints."""
+    """Resume from the latest checkpoint in OUT/checkpoints (an error if there is none or if
+    it was written with other settings)."""
+    resume_or_start: bool = False
+    """Resume if OUT/checkpoints holds a checkpoint of this run, else start from round 0."""
     progress: bool = True
     """Show a progress bar."""
 

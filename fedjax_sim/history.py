@@ -46,6 +46,15 @@ class History:
         for name, values in metrics.items():
             self.metrics.setdefault(name, []).extend(np.asarray(values).tolist())
 
+    def truncate(self, last_round: int) -> None:
+        """Drops rounds and evaluations after `last_round` (cheap if there are none)."""
+        while self.rounds and self.rounds[-1] > last_round:
+            self.rounds.pop()
+            for values in self.metrics.values():
+                values.pop()
+        while self.evals and self.evals[-1]["round"] > last_round:
+            self.evals.pop()
+
     def append_eval(self, round_: int, values: dict[str, float]) -> None:
         self.evals.append({"round": int(round_), **{k: float(v) for k, v in values.items()}})
 
@@ -102,7 +111,7 @@ class History:
     def to_csv(self) -> str:
         """One row per round (round 0 = initial evaluation); scalar metrics and eval columns,
         blank where a value was not computed in that round."""
-        scalar = [k for k, v in self.metrics.items() if v and np.ndim(v[0]) == 0]
+        scalar = _scalar_metrics(self)
         eval_cols = sorted({k for e in self.evals for k in e} - {"round"})
         by_round: dict[int, dict[str, Any]] = {}
         for i, r in enumerate(self.rounds):
@@ -159,3 +168,82 @@ def _atomic_write(path: str, text: str) -> None:
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+class HistoryWriter:
+    """Append-only `history.csv` and `history.jsonl` (one JSON object per round or
+    evaluation) in `out_dir`: each `append` writes only the rows added since the last one,
+    so a run's cost per evaluation does not grow with its length. `finish` writes the
+    summary `history.json` (and the plot). Nothing is written before the first `append`,
+    so a run that fails before its first chunk leaves an earlier run's files untouched."""
+
+    def __init__(self, out_dir: str):
+        self.out_dir = out_dir
+        self.csv_path = os.path.join(out_dir, "history.csv")
+        self.jsonl_path = os.path.join(out_dir, "history.jsonl")
+        self.started = False
+        self._rounds = 0  # rows of history.rounds already written
+        self._evals = 0  # rows of history.evals already written
+        self._header: list[str] = []
+
+    def append(self, history: History) -> None:
+        """Writes the rows added to `history` since the last call (all of them the first
+        time, e.g. after a resume)."""
+        if not self.started:
+            self._rewrite(history)
+            return
+        rounds = history.rounds[self._rounds :]
+        evals = history.evals[self._evals :]
+        if not rounds and not evals:
+            return
+        scalar = _scalar_metrics(history)
+        eval_cols = {k for e in evals for k in e} - {"round"}
+        if not set(scalar) | eval_cols <= set(self._header):
+            self._rewrite(history)  # a new column: rewrite once
+            return
+        by_round: dict[int, dict[str, Any]] = {}
+        lines = []
+        for i, r in enumerate(rounds, start=self._rounds):
+            row = {k: history.metrics[k][i] for k in history.metrics}
+            lines.append(json.dumps(_jsonable({"round": r, **row})))
+            by_round.setdefault(r, {}).update({k: row[k] for k in scalar})
+        for e in evals:
+            lines.append(json.dumps(_jsonable({"round": e["round"], "eval": e})))
+            by_round.setdefault(e["round"], {}).update(e)
+        import io
+
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        for r in sorted(by_round):
+            w.writerow([r, *(by_round[r].get(k, "") for k in self._header[1:])])
+        with open(self.csv_path, "a") as f:
+            f.write(buf.getvalue())
+        with open(self.jsonl_path, "a") as f:
+            f.write("\n".join(lines) + "\n")
+        self._rounds, self._evals = len(history.rounds), len(history.evals)
+
+    def _rewrite(self, history: History) -> None:
+        os.makedirs(self.out_dir, exist_ok=True)
+        text = history.to_csv()
+        self._header = text.splitlines()[0].split(",") if text else ["round"]
+        _atomic_write(self.csv_path, text)
+        lines = [
+            json.dumps(_jsonable({"round": r, **{k: v[i] for k, v in history.metrics.items()}}))
+            for i, r in enumerate(history.rounds)
+        ] + [json.dumps(_jsonable({"round": e["round"], "eval": e})) for e in history.evals]
+        _atomic_write(self.jsonl_path, "".join(line + "\n" for line in lines))
+        self._rounds, self._evals = len(history.rounds), len(history.evals)
+        self.started = True
+
+    def finish(self, history: History, plot: bool = True) -> None:
+        """Flushes the last rows and writes the summary `history.json` (and `history.png`)."""
+        self.append(history)
+        _atomic_write(
+            os.path.join(self.out_dir, "history.json"), json.dumps(history.to_dict(), indent=1)
+        )
+        if plot and (history.rounds or history.evals):
+            history.plot(os.path.join(self.out_dir, "history.png"))
+
+
+def _scalar_metrics(history: History) -> list[str]:
+    return [k for k, v in history.metrics.items() if v and np.ndim(v[0]) == 0]

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,9 +25,9 @@ from jax.sharding import Mesh
 
 from fedjax_sim import distributed
 from fedjax_sim.algorithms.core import Algorithm, tree_all_finite
-from fedjax_sim.checkpoint import Checkpointer
+from fedjax_sim.checkpoint import Checkpointer, CheckpointError, deferred_sigint
 from fedjax_sim.data.federated import ArrayData, Batch, FederatedData
-from fedjax_sim.history import History
+from fedjax_sim.history import History, HistoryWriter
 from fedjax_sim.models.base import Model
 from fedjax_sim.parallel import ClientMap
 
@@ -33,6 +36,48 @@ INIT_PURPOSE = 7  # key purpose of the initial model
 
 class NonFiniteError(FloatingPointError):
     """The global model became NaN/Inf."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped the run after `round` completed rounds; `checkpoint` is the folder of
+    the checkpoint that holds them (None without a `checkpoint_dir`)."""
+
+    def __init__(self, round_: int, checkpoint: str | None):
+        super().__init__(f"interrupted at round {round_}")
+        self.round = round_
+        self.checkpoint = checkpoint
+
+
+class _StopRequest:
+    """Ctrl-C handling of a run (main thread only): the first SIGINT asks the run to stop at
+    the next chunk boundary (where the state is consistent and a checkpoint is saved); a
+    second one raises KeyboardInterrupt at once. A KeyboardInterrupt raised inside JAX
+    internals can be swallowed (e.g. in a garbage-collection callback); a flag cannot."""
+
+    def __init__(self, notice: bool):
+        self.requested = False
+        self.notice = notice
+        self._previous: Any = None
+
+    def __enter__(self) -> _StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        if self.notice:
+            print(
+                "\nstopping after the current chunk of rounds (Ctrl-C again to stop now)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
 
 # ------------------------------------------------------------------------------ evaluation
@@ -147,6 +192,7 @@ def simulate(
     meta: dict[str, Any] | None = None,
     client_map: ClientMap = ClientMap(),
     mesh: Mesh | None = None,
+    on_resume: Callable[[int], None] | None = None,
 ) -> History:
     """Runs `num_rounds` steps of `algorithm` and returns the `History`.
 
@@ -158,13 +204,17 @@ def simulate(
       num_rounds: total rounds (steps) of the run, including those before a resume.
       test: the central test set.
       evaluation: what to evaluate, and every how many rounds.
-      out_dir: if set, `history.json/.csv/.png` are (re)written there at every evaluation.
+      out_dir: if set, rows are appended to `history.csv` / `history.jsonl` after every
+        chunk (constant time per evaluation) and `history.json/.png` are written at the end
+        (also on errors and Ctrl-C); nothing is written before the first chunk completes.
       checkpoint_dir / checkpoint_every: orbax checkpoints of the full state, key and
-        history every `checkpoint_every` rounds (and at the end / on Ctrl-C).
+        history every `checkpoint_every` rounds (and at the end / on Ctrl-C). A run that
+        does not resume replaces older checkpoints there at its own first save.
       resume: continue from the latest checkpoint in `checkpoint_dir` (bit-identical).
       progress: show a tqdm progress bar.
       meta: extra information stored in `History.meta` (e.g. the CLI config).
       client_map: mapping used for per-client evaluation.
+      on_resume: called with the restored round after a resume, before compiling.
       mesh: a device mesh with a `"clients"` axis: per-client arrays of the data and of the
         state are placed sharded by client, the rest replicated (build the algorithm with
         `ClientMap(mesh=mesh)` so cohorts are sharded too). Multi-process runs pass global
@@ -172,6 +222,8 @@ def simulate(
 
     Raises:
       NonFiniteError: the global model became NaN/Inf (the message names the round).
+      Interrupted: Ctrl-C (a KeyboardInterrupt), after saving a checkpoint if possible.
+      CheckpointError: the checkpoint to resume from is unusable.
     """
     if num_rounds < 1:
         raise ValueError(f"num_rounds must be >= 1, got {num_rounds}")
@@ -193,15 +245,21 @@ def simulate(
     writer = distributed.is_main_process()
     history = History(meta=dict(meta or {}))
     start = 0
-    ckpt = Checkpointer(checkpoint_dir) if checkpoint_dir else None
+    ckpt = Checkpointer(checkpoint_dir, replace=not resume) if checkpoint_dir else None
     if resume and ckpt is not None and ckpt.latest_round() is not None:
         start, state, saved_key, saved = ckpt.restore(state, key)
         if not np.array_equal(jax.random.key_data(saved_key), jax.random.key_data(key)):
-            raise ValueError("resume: the checkpoint was written by a run with a different key")
+            raise CheckpointError(
+                "resume: the checkpoint was written by a run with a different key (seed)"
+            )
         history = History.from_dict(saved)
+        history.truncate(start)
         history.meta.update(meta or {})
+        if on_resume is not None:
+            on_resume(start)
         if start >= num_rounds:
             return history
+    files = HistoryWriter(out_dir) if out_dir and writer else None
 
     chunk = max(1, min(num_rounds, evaluation.every, checkpoint_every or num_rounds))
     run_chunk = _compiled_chunk(algorithm, chunk)
@@ -217,11 +275,15 @@ def simulate(
     r = start
     t0 = time.perf_counter()
     last_saved = start
+    stop = _StopRequest(notice=progress and writer)
     try:
+        stop.__enter__()
         if start == 0 and not history.evals:
             do_eval(0, state)
         r = start
         while r < num_rounds:
+            if stop.requested:
+                raise KeyboardInterrupt
             end = min(
                 num_rounds,
                 _next_multiple(r, evaluation.every),
@@ -232,6 +294,8 @@ def simulate(
             finite = np.asarray(metrics.pop("params_finite"))
             history.append_rounds(r + 1, metrics)
             if not finite.all():
+                if files is not None:
+                    files.append(history)
                 bad = r + 1 + int(np.argmin(finite))
                 raise NonFiniteError(
                     f"the global model became NaN/Inf at round {bad} "
@@ -243,22 +307,29 @@ def simulate(
             if bar is not None:
                 bar.update(end - bar.n)
                 bar.set_postfix(_postfix(metrics, values), refresh=False)
-            if out_dir and values and writer:
-                history.meta["seconds"] = time.perf_counter() - t0
-                history.save(out_dir, plot=False)
+            if files is not None:
+                files.append(history)
             if ckpt and checkpoint_every and (r % checkpoint_every == 0 or r == num_rounds):
+                history.meta["seconds"] = time.perf_counter() - t0
                 ckpt.save(r, state, key, history.to_dict())
                 last_saved = r
     except KeyboardInterrupt:
-        if ckpt and r > last_saved:
-            ckpt.save(r, state, key, history.to_dict())
-        raise
+        history.truncate(r)  # rows of a chunk whose state was not kept
+        saved_to = None
+        if ckpt:
+            if r > last_saved or ckpt.latest_round() is None:
+                history.meta["seconds"] = time.perf_counter() - t0
+                ckpt.save(r, state, key, history.to_dict())
+            saved_to = ckpt.directory
+        raise Interrupted(r, saved_to) from None
     finally:
+        stop.__exit__()
         if bar is not None:
             bar.close()
         history.meta["seconds"] = time.perf_counter() - t0
-        if out_dir and writer:
-            history.save(out_dir)
+        if files is not None and files.started:
+            with deferred_sigint():
+                files.finish(history)
         if ckpt:
             ckpt.close()
     return history

@@ -85,5 +85,6 @@ class BenchConfig:
     """Count FLOPs with XLA's cost analysis (a few extra compilations per measurement)."""
     plots: bool = True
     """Write a PNG per suite."""
-    out: str = "benchmarks/results"
-    """Results folder: <suite>.jsonl, <suite>.png, <suite>.md."""
+    out: str = "bench_results"
+    """Results folder (relative to the current directory): <suite>.jsonl, <suite>.png,
+    <suite>.md."""

@@ -121,6 +121,9 @@ def federate_ids(
     Examples with client id -1 (dropped by a partitioner, e.g. `imbalanced_dirichlet`) are
     skipped.
     """
+    ids = np.asarray(ids)
+    if ids.size and ids.min() < -1:
+        raise ValueError(f"client ids must be in [-1, {num_clients}), got {ids.min()}")
     if (ids < 0).any():
         kept = ids >= 0
         x, y, ids = x[kept], y[kept], ids[kept]

@@ -202,29 +202,47 @@ def pack(
     client_ids: Array,
     num_clients: int,
     *,
-    num_classes: int = 0,
+    num_classes: int | None = None,
     max_count: int | None = None,
 ) -> FederatedData:
     """Packs examples into padded per-client arrays.
 
     Args:
       x: `[N, *feature_shape]` examples. y: `[N, *label_shape]`.
-      client_ids: `[N]` int, the client of every example (what partitioners return);
-        -1 drops an example.
+      client_ids: `[N]` int in `[-1, num_clients)`, the client of every example (what
+        partitioners return); -1 drops an example, anything else out of range is an error.
       num_clients: C.
+      num_classes: labels are checked to lie in `[0, num_classes)`. `None` (default): integer
+        labels must be >= 0 and `max label + 1` is used; `0`: regression (no check).
       max_count: optional N_max (defaults to the largest client).
 
     Returns:
       `FederatedData` where client i holds its examples in their original order.
     """
     x, y = np.asarray(x), np.asarray(y)
-    client_ids = np.asarray(client_ids).astype(np.int64)
+    raw_ids = np.asarray(client_ids)
+    if raw_ids.size and not np.issubdtype(raw_ids.dtype, np.integer):
+        raise ValueError(f"client_ids must be integers, got dtype {raw_ids.dtype}")
+    client_ids = raw_ids.astype(np.int64)
     if client_ids.shape != (x.shape[0],):
         raise ValueError(f"client_ids must have shape [{x.shape[0]}], got {client_ids.shape}")
     if y.shape[0] != x.shape[0]:
         raise ValueError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
+    if not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
+        raise ValueError(f"num_clients must be an integer >= 1, got {num_clients!r}")
     if client_ids.size and client_ids.max() >= num_clients:
         raise ValueError(f"client_ids has id {client_ids.max()} >= num_clients={num_clients}")
+    if client_ids.size and client_ids.min() < -1:
+        raise ValueError(
+            f"client_ids has id {client_ids.min()}; ids must be in [-1, {num_clients}) "
+            "(-1 drops an example)"
+        )
+    if num_classes is None:
+        num_classes = 0
+        if np.issubdtype(y.dtype, np.integer) and y.size:
+            if y.min() < 0:
+                raise ValueError(f"y has negative labels (min {y.min()})")
+            num_classes = int(y.max()) + 1
     keep = client_ids >= 0
     ids = client_ids[keep]
     order = np.argsort(ids, kind="stable")  # examples grouped by client, original order kept

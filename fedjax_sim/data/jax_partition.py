@@ -235,8 +235,8 @@ def dirichlet(
     `labels` must be integers in `[0, num_classes)` (`num_classes` defaults to max + 1)."""
     labels = jnp.asarray(labels)
     _check(labels, num_clients, min_per_client=0)
-    if not alpha > 0:
-        raise ValueError(f"Dirichlet alpha must be > 0, got {alpha}")
+    if not 0 < alpha < float("inf"):
+        raise ValueError(f"Dirichlet alpha must be finite and > 0, got {alpha}")
     num_classes = _class_count(labels, num_classes, "dirichlet")
     if num_classes * num_clients > INT32_MAX:
         raise ValueError(f"{num_classes} classes x {num_clients} clients overflows int32 indices")
@@ -297,8 +297,8 @@ def quantity_skew(
     """Log-normal client sizes `n_i = min_size + round share of LogNormal(0, sigma)` weights;
     examples assigned uniformly at random. Needs N >= C * min_size."""
     labels = jnp.asarray(labels)
-    if sigma < 0:
-        raise ValueError(f"sigma must be >= 0, got {sigma}")
+    if not 0 <= sigma < float("inf"):
+        raise ValueError(f"sigma must be finite and >= 0, got {sigma}")
     if min_size < 0:
         raise ValueError(f"min_size must be >= 0, got {min_size}")
     _check(labels, num_clients, min_per_client=min_size)

@@ -58,8 +58,8 @@ def sample_dirichlet(rng: np.random.Generator, alpha: float, size: tuple[int, ..
     textbook sampler). With `log G = log Gamma(alpha + 1) + log(U) / alpha` (Marsaglia-Tsang's
     boost) and a softmax, alpha = 1e-3 gives a valid, nearly one-hot vector.
     """
-    if alpha <= 0:
-        raise ValueError(f"Dirichlet alpha must be > 0, got {alpha}")
+    if not 0 < alpha < np.inf:
+        raise ValueError(f"Dirichlet alpha must be finite and > 0, got {alpha}")
     log_g = np.log(rng.gamma(alpha + 1.0, size=size)) + np.log(rng.uniform(size=size)) / alpha
     log_g -= log_g.max(axis=-1, keepdims=True)
     p = np.exp(log_g)
@@ -124,8 +124,8 @@ def quantity_skew(
     """Log-normal client sizes: `n_i = min_size + share_i`, shares proportional to
     `LogNormal(0, sigma)` draws (largest-remainder rounding, so sizes sum to N); examples iid."""
     labels = _check(labels, num_clients)
-    if sigma < 0:
-        raise ValueError(f"sigma must be >= 0, got {sigma}")
+    if not 0 <= sigma < np.inf:
+        raise ValueError(f"sigma must be finite and >= 0, got {sigma}")
     if min_size * num_clients > labels.size:
         raise ValueError(
             f"quantity_skew: min_size={min_size} x {num_clients} clients exceeds "
@@ -306,8 +306,8 @@ def lognormal_sizes(
 ) -> np.ndarray:
     """`[C]` client sizes summing to `num_examples`: `s_i = exp(ln(N/C) + sigma z_i)`,
     `z_i ~ N(0, 1)`, rescaled to sum N (largest-remainder rounding). `sigma = 0`: equal (+-1)."""
-    if sigma < 0:
-        raise ValueError(f"data imbalance (log-normal sigma) must be >= 0, got {sigma}")
+    if not 0 <= sigma < np.inf:
+        raise ValueError(f"data imbalance (log-normal sigma) must be finite and >= 0, got {sigma}")
     if num_clients < 1 or num_examples < 1:
         raise ValueError(
             f"need num_clients >= 1 and num_examples >= 1, got {num_clients}, {num_examples}"

@@ -1,0 +1,468 @@
+"""Up-front validation of command-line configs: every bad input refused before compilation.
+
+Pure functions over config dataclasses (`RunConfig`, `BenchConfig`, any future one such as a
+sweep config): they read fields by name and type, so a new config gets the generic checks
+(every float finite, every int in range, paths writable) by declaring its fields. Each
+failure raises `UsageError` with one line naming the flag (`--field-name`) and the problem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import string
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+FLOAT32_MAX = 3.4028234663852886e38
+INT32_MAX = 2**31 - 1
+UINT32_MAX = 2**32 - 1
+
+
+class UsageError(ValueError):
+    """A user error in the command line or config: reported in one line, exit code 2."""
+
+
+def flag(name: str) -> str:
+    """`client_lr` -> `--client-lr`."""
+    return "--" + name.replace("_", "-")
+
+
+# ------------------------------------------------------------------------------ field rules
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """Allowed interval of a numeric field (or of each element of a tuple field)."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def check(self, name: str, value: float) -> None:
+        """Raises UsageError naming `name` if `value` is outside the interval."""
+        bad_lo = self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo)
+        bad_hi = self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi)
+        if bad_lo or bad_hi:
+            raise UsageError(f"{flag(name)} must be {self.describe(bad_lo)}, got {value}")
+
+    def describe(self, low_side: bool = True) -> str:
+        """`>= 1`, `<= 4294967295` (technical maxima: only the violated side) or `in [0, 1]`."""
+        lo, hi = self.lo, self.hi
+        if hi in (INT32_MAX, UINT32_MAX):
+            lo, hi = (lo, None) if low_side else (None, hi)
+        if hi is None:
+            return f"{'>' if self.lo_open else '>='} {_num(lo)}"
+        if lo is None:
+            return f"{'<' if self.hi_open else '<='} {_num(hi)}"
+        left, right = "(" if self.lo_open else "[", ")" if self.hi_open else "]"
+        return f"in {left}{_num(lo)}, {_num(hi)}{right}"
+
+
+def _num(x: float | None) -> str:
+    return str(int(x)) if x is not None and float(x).is_integer() else str(x)
+
+
+POSITIVE_INT = Range(1, INT32_MAX)
+NONNEG = Range(0)
+POSITIVE = Range(0, lo_open=True)
+
+# Rules by field name, shared by every config that has a field of that name.
+RULES: dict[str, Range] = {
+    # run
+    "rounds": POSITIVE_INT,
+    "num_clients": POSITIVE_INT,
+    "local_steps": POSITIVE_INT,
+    "batch_size": POSITIVE_INT,
+    "eval_every": POSITIVE_INT,
+    "cohort_size": POSITIVE_INT,
+    "shards_per_client": POSITIVE_INT,
+    "map_batch_size": POSITIVE_INT,
+    "checkpoint_every": POSITIVE_INT,
+    "devices": POSITIVE_INT,
+    "num_processes": POSITIVE_INT,
+    "process_id": Range(0, INT32_MAX),
+    "hidden": POSITIVE_INT,
+    "seed": Range(0, UINT32_MAX),
+    "client_lr": POSITIVE,
+    "server_lr": POSITIVE,
+    "client_lr_decay": POSITIVE,
+    "alpha": POSITIVE,
+    "sigma": NONNEG,
+    "l2": NONNEG,
+    "mu": NONNEG,
+    "local_epochs": POSITIVE,
+    "straggler_fraction": Range(0, 1),
+    # bench
+    "clients": POSITIVE_INT,
+    "per_client": POSITIVE_INT,
+    "map_batch": POSITIVE_INT,
+    "repeats": Range(3, INT32_MAX),
+    "cohorts": POSITIVE_INT,
+    "steps_list": POSITIVE_INT,
+    "widths": POSITIVE_INT,
+    "map_batches": POSITIVE_INT,
+    "memory_rounds": POSITIVE_INT,
+    "memory_budget_gb": POSITIVE,
+    "max_round_s": POSITIVE,
+    "peak_n": POSITIVE_INT,
+    "torch_threads": POSITIVE_INT,
+}
+
+# Output-folder fields: checked to be creatable and writable before any work starts.
+PATH_FIELDS = ("out",)
+
+
+def check_fields(cfg: Any, rules: Mapping[str, Range] = RULES) -> None:
+    """Generic checks of every field of a config dataclass: its type (the value of a
+    `--config` file may be anything), finite floats within float32 range, and the named
+    `rules` (applied to each element of tuple fields)."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        check_type(f.name, value, hints[f.name])
+        items = value if isinstance(value, tuple) else (value,)
+        for item in items:
+            if isinstance(item, float):
+                check_finite(f.name, item)
+            if f.name in rules and isinstance(item, (int, float)) and not isinstance(item, bool):
+                rules[f.name].check(f.name, item)
+
+
+def check_finite(name: str, value: float) -> None:
+    """Refuses NaN, +-inf and values that overflow float32 (e.g. a learning rate of 1e39)."""
+    if not math.isfinite(value):
+        raise UsageError(f"{flag(name)} must be a finite number, got {value}")
+    if abs(value) > FLOAT32_MAX:
+        raise UsageError(f"{flag(name)} {value} overflows float32 (|x| <= 3.4e38)")
+
+
+def check_type(name: str, value: Any, hint: Any) -> None:
+    """Raises UsageError if `value` does not match the annotation `hint` (int, float, str,
+    bool, None, Literal, tuple[X, ...], unions)."""
+    if not _matches(value, hint):
+        raise UsageError(
+            f"{flag(name)} must be {_type_name(hint)}, got {type(value).__name__} {value!r}"
+        )
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return True
+    if hint is type(None) or hint is None:
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, h) for h in typing.get_args(hint))
+    if origin is Literal:
+        return any(value == a and type(value) is type(a) for a in typing.get_args(hint))
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if not isinstance(value, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_matches(v, args[0]) for v in value)
+        return len(args) == len(value) and all(map(_matches, value, args))
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def _type_name(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(h) for h in typing.get_args(hint))
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
+    if origin is tuple:
+        args = typing.get_args(hint)
+        return f"a list of {_type_name(args[0])}" if args else "a list"
+    if hint is type(None):
+        return "null"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(
+        hint, getattr(hint, "__name__", str(hint))
+    )
+
+
+# ------------------------------------------------------------------------------ config files
+def load_config_file(cls: type, path: str) -> dict[str, Any]:
+    """Reads a `--config` JSON file: an object whose keys are field names of `cls` and whose
+    values have the field's type (lists for tuples). Returns the values as keyword arguments."""
+    try:
+        with open(path) as f:
+            values = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--config {path}: cannot read it: {e}") from e
+    if not isinstance(values, dict):
+        raise UsageError(
+            f"--config {path} must hold a JSON object of flag names, got {type(values).__name__}"
+        )
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(values) - fields
+    if unknown:
+        raise UsageError(f"--config {path} has unknown keys {sorted(unknown)}")
+    hints = typing.get_type_hints(cls)
+    for k, v in values.items():
+        if isinstance(v, list):
+            v = values[k] = tuple(v)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise UsageError(f"--config {path}: key {k!r} must be a finite number, got {v}")
+        if not _matches(v, hints[k]):
+            raise UsageError(
+                f"--config {path}: key {k!r} must be {_type_name(hints[k])}, "
+                f"got {type(v).__name__} {v!r}"
+            )
+    return values
+
+
+# ------------------------------------------------------------------------------ paths
+def format_out(template: str, name: str = "out", **fields: str) -> str:
+    """`template.format(**fields)` with one-line errors naming the flag (empty path, unknown
+    or malformed `{placeholder}`)."""
+    if not template.strip():
+        raise UsageError(f"{flag(name)} must be a folder path, got an empty string")
+    try:
+        names = [n for _, n, _, _ in string.Formatter().parse(template) if n is not None]
+    except ValueError as e:
+        raise UsageError(f"{flag(name)} {template!r}: malformed placeholder ({e})") from e
+    bad = [n for n in names if n not in fields]
+    if bad:
+        raise UsageError(
+            f"{flag(name)} {template!r}: unknown placeholder {{{bad[0]}}}; "
+            f"only {', '.join('{' + k + '}' for k in fields)} are filled in"
+        )
+    try:
+        return template.format(**fields)
+    except (ValueError, IndexError, KeyError) as e:
+        raise UsageError(f"{flag(name)} {template!r}: malformed placeholder ({e})") from e
+
+
+def check_writable_dir(path: str, name: str = "out") -> None:
+    """Refuses a folder that could not be created or written, without creating anything:
+    the path (or its nearest existing ancestor) must be a writable directory."""
+    if not path.strip():
+        raise UsageError(f"{flag(name)} must be a folder path, got an empty string")
+    if "\0" in path:
+        raise UsageError(f"{flag(name)} contains a NUL character")
+    p = os.path.abspath(path)
+    if os.path.exists(p):
+        if not os.path.isdir(p):
+            raise UsageError(f"{flag(name)} {path!r} exists and is not a folder")
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise UsageError(f"{flag(name)} {path!r} is not writable")
+        return
+    parent = p
+    while not os.path.exists(parent):
+        up = os.path.dirname(parent)
+        if up == parent:
+            break
+        parent = up
+    if not os.path.isdir(parent):
+        raise UsageError(f"{flag(name)} {path!r} cannot be created: {parent!r} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag(name)} {path!r} cannot be created: {parent!r} is not writable")
+
+
+# ------------------------------------------------------------------------------ run configs
+# Settings that may change between a run and its resumption (they do not change results,
+# or only how many rounds are run).
+RESUMABLE = frozenset(
+    {
+        "rounds",
+        "resume",
+        "resume_or_start",
+        "progress",
+        "checkpoint_every",
+        "eval_every",
+        "devices",
+        "client_map",
+        "map_batch_size",
+        "coordinator",
+        "num_processes",
+        "process_id",
+        "data_dir",
+        "out",
+    }
+)
+CHAR_MODELS = ("lstm", "gru")
+
+
+def check_run(cfg: Any, max_virtual_devices: int | None = None) -> str:
+    """All checks of a run config that need neither data nor JAX; returns the output folder."""
+    check_fields(cfg)
+    if cfg.cohort_size is not None and cfg.cohort_sampling == "uniform":
+        if cfg.cohort_size > cfg.num_clients:
+            raise UsageError(
+                f"--cohort-size {cfg.cohort_size} exceeds --num-clients {cfg.num_clients}"
+            )
+    if cfg.num_processes is not None and cfg.process_id is not None:
+        if cfg.process_id >= cfg.num_processes:
+            raise UsageError(
+                f"--process-id must be < --num-processes {cfg.num_processes}, got {cfg.process_id}"
+            )
+    multi = any(v is not None for v in (cfg.coordinator, cfg.num_processes, cfg.process_id))
+    if cfg.devices is not None and not multi:
+        if cfg.devices > cfg.num_clients:
+            raise UsageError(
+                f"--devices {cfg.devices} exceeds --num-clients {cfg.num_clients} (the client "
+                "axis is what is sharded)"
+            )
+        cap = max_virtual_devices or max(64, 4 * (os.cpu_count() or 1))
+        if cfg.devices > cap:
+            raise UsageError(f"--devices {cfg.devices}: more than {cap} devices on one host")
+    if getattr(cfg, "resume", False) and getattr(cfg, "resume_or_start", False):
+        raise UsageError("--resume and --resume-or-start are exclusive; give one")
+    out = format_out(cfg.out, algorithm=cfg.algorithm, dataset=cfg.dataset)
+    check_writable_dir(out)
+    return out
+
+
+def check_bench(cfg: Any) -> str:
+    """All checks of a bench config that need no JAX; returns the output folder."""
+    check_fields(cfg)
+    check_writable_dir(cfg.out)
+    return cfg.out
+
+
+def config_diff(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """`["--num-clients 100 -> 50", ...]`: settings (outside `RESUMABLE`) that differ."""
+    diffs = []
+    for k in sorted(set(saved) | set(current)):
+        if k in RESUMABLE:
+            continue
+        a, b = _norm(saved.get(k)), _norm(current.get(k))
+        if a != b:
+            diffs.append(f"{flag(k)} {a!r} -> {b!r}")
+    return diffs
+
+
+def _norm(v: Any) -> Any:
+    return list(v) if isinstance(v, (tuple, list)) else v
+
+
+def check_model_data(model: str, dataset: str, x_dtype: Any, feature_shape: tuple) -> None:
+    """Refuses a model that cannot read the dataset's features (a character RNN on images,
+    an image model on token sequences)."""
+    import numpy as np
+
+    tokens = np.issubdtype(np.dtype(x_dtype), np.integer)
+    if model in CHAR_MODELS and not tokens:
+        raise UsageError(
+            f"--model {model} is a character model (integer token sequences); --dataset "
+            f"{dataset} has float features of shape {tuple(feature_shape)}"
+        )
+    if model not in CHAR_MODELS and tokens:
+        raise UsageError(
+            f"--model {model} reads float features; --dataset {dataset} has integer token "
+            f"sequences: use --model lstm or gru"
+        )
+
+
+def central_test_message(num_test: int, num_clients: int) -> tuple[str, bool] | None:
+    """`(message, fatal)` about a central test set that is empty (fatal) or tiny (< 100
+    examples: a warning), else None."""
+    if num_test == 0:
+        return (
+            f"--num-clients {num_clients}: the central test set is empty (each client holds "
+            "out too few examples); use fewer clients",
+            True,
+        )
+    if num_test < 100:
+        return (
+            f"the central test set has only {num_test} examples at --num-clients "
+            f"{num_clients}: test accuracies are coarse (steps of {1 / num_test:.3f})",
+            False,
+        )
+    return None
+
+
+def check_memory(
+    per_client_bytes: int,
+    live_clients: int,
+    available_bytes: int | None,
+    *,
+    what: str = "",
+) -> int:
+    """Refuses a configuration whose live clients' working set cannot fit the available
+    memory, using the planner `parallel.fit_client_map`'s notion of per-client bytes. Returns
+    the estimate."""
+    need = per_client_bytes * live_clients
+    if available_bytes is not None and need > available_bytes:
+        raise UsageError(
+            f"{what}needs an estimated {need / 2**30:.2f} GiB ({live_clients} live clients x "
+            f"{per_client_bytes / 2**20:.1f} MiB), more than the {available_bytes / 2**30:.2f} "
+            "GiB available; lower --batch-size, --cohort-size, --map-batch-size or --hidden"
+        )
+    return need
+
+
+def available_memory_bytes(device: Any = None) -> int | None:
+    """Free memory for the run: the accelerator's free bytes, or MemAvailable on CPU."""
+    if device is not None and getattr(device, "platform", "cpu") != "cpu":
+        try:
+            stats = device.memory_stats() or {}
+            return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+        except (KeyError, TypeError, RuntimeError):
+            return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def per_client_bytes(
+    param_bytes: int, example_bytes: int, activation_bytes: int, batch_size: int, rows: int
+) -> int:
+    """Working memory of one mapped client: 4 model-sized buffers (params, gradient,
+    optimizer state, delta), forward + backward activations of a batch (3x), the gathered
+    batch and a copy of the client's rows."""
+    return (
+        4 * param_bytes
+        + batch_size * (3 * activation_bytes + example_bytes)
+        + rows * (example_bytes)
+    )
+
+
+def forward_activation_bytes(apply: Callable[..., Any], params: Any, x_one: Any) -> int:
+    """Bytes of all intermediate values of `apply(params, x)` for one example (traced with
+    `jax.make_jaxpr` on abstract values: no compilation, nothing allocated)."""
+    import jax
+    import numpy as np
+
+    jaxpr = jax.make_jaxpr(apply)(params, x_one)
+    total = 0
+    for eqn in jaxpr.jaxpr.eqns:
+        for v in eqn.outvars:
+            aval = getattr(v, "aval", None)
+            if aval is not None and hasattr(aval, "shape"):
+                total += int(np.prod(aval.shape, dtype=np.int64)) * aval.dtype.itemsize
+    return total
+
+
+def divergence_message(train_loss: Any, factor: float = 10.0, window: int = 10) -> str | None:
+    """A warning if the mean training loss of the last `window` rounds is more than `factor`
+    times that of the first ones (a run that diverged without reaching NaN)."""
+    import numpy as np
+
+    loss = np.asarray(train_loss, dtype=np.float64)
+    if loss.ndim != 1 or loss.size < 2:
+        return None
+    w = max(1, min(window, loss.size // 2))
+    first, last = float(np.mean(loss[:w])), float(np.mean(loss[-w:]))
+    if math.isfinite(first) and last > factor * max(first, 1e-12) and last - first > 1e-6:
+        return (
+            f"the training loss grew from {first:.4g} (first {w} rounds) to {last:.4g} (last "
+            f"{w} rounds): the run diverged; lower --client-lr / --server-lr"
+        )
+    return None

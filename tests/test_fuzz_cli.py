@@ -1,0 +1,263 @@
+"""Fuzz of `fedjax-sim` with bad inputs (issue 19): every one is refused before any
+compilation with exit code 2, one error line that names the flag, no traceback, and nothing
+created in the working directory; valid edge values pass the same checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from fedjax_sim import cli, validate
+from fedjax_sim.checkpoint import Checkpointer
+
+NONFINITE = ["nan", "inf", "-inf", "1e39", "-1e39"]
+FLOAT_FLAGS = ["--client-lr", "--server-lr", "--alpha", "--l2", "--mu", "--client-lr-decay"]
+
+# (args, the flag the message must name)
+BAD: list[tuple[list[str], str]] = [
+    # non-finite or float32-overflowing values of every float flag
+    *[(["run", f, v], f) for f in FLOAT_FLAGS for v in NONFINITE],
+    (["run", "--sigma", "nan", "--partition", "quantity_skew"], "--sigma"),
+    (["run", "--sigma", "inf"], "--sigma"),
+    (["run", "--straggler-fraction", "nan"], "--straggler-fraction"),
+    (["run", "--local-epochs", "inf"], "--local-epochs"),
+    (["run", "--local-epochs", "0"], "--local-epochs"),
+    # ranges
+    (["run", "--rounds", "0"], "--rounds"),
+    (["run", "--rounds", "-5"], "--rounds"),
+    (["run", "--rounds", "99999999999"], "--rounds"),
+    (["run", "--num-clients", "0"], "--num-clients"),
+    (["run", "--local-steps", "0"], "--local-steps"),
+    (["run", "--batch-size", "0"], "--batch-size"),
+    (["run", "--batch-size", "-1"], "--batch-size"),
+    (["run", "--eval-every", "0"], "--eval-every"),
+    (["run", "--cohort-size", "0"], "--cohort-size"),
+    (["run", "--cohort-size", "101"], "--cohort-size"),
+    (["run", "--shards-per-client", "0"], "--shards-per-client"),
+    (["run", "--map-batch-size", "0"], "--map-batch-size"),
+    (["run", "--checkpoint-every", "0"], "--checkpoint-every"),
+    (["run", "--checkpoint-every", "-3"], "--checkpoint-every"),
+    (["run", "--hidden", "0"], "--hidden"),
+    (["run", "--hidden", "64", "-8"], "--hidden"),
+    (["run", "--seed", "-1"], "--seed"),
+    (["run", "--seed", "4294967296"], "--seed"),
+    (["run", "--seed", "99999999999999999999"], "--seed"),
+    (["run", "--client-lr", "0"], "--client-lr"),
+    (["run", "--client-lr", "-0.1"], "--client-lr"),
+    (["run", "--server-lr", "0"], "--server-lr"),
+    (["run", "--alpha", "0"], "--alpha"),
+    (["run", "--alpha", "-1"], "--alpha"),
+    (["run", "--l2", "-0.1"], "--l2"),
+    (["run", "--mu", "-1"], "--mu"),
+    (["run", "--straggler-fraction", "1.5"], "--straggler-fraction"),
+    (["run", "--client-lr-decay", "0"], "--client-lr-decay"),
+    (["run", "--devices", "0"], "--devices"),
+    (["run", "--devices", "1000000", "--num-clients", "2000000"], "--devices"),
+    (["run", "--devices", "200"], "--devices"),
+    (["run", "--num-processes", "2", "--process-id", "2"], "--process-id"),
+    (["run", "--process-id", "-1"], "--process-id"),
+    (["run", "--resume", "--resume-or-start"], "--resume"),
+    # types and parsing (tyro's errors, condensed to one line)
+    (["run", "--rounds", "abc"], "--rounds"),
+    (["run", "--rounds", "1.5"], "--rounds"),
+    (["run", "--client-lr", "fast"], "--client-lr"),
+    (["run", "--hidden", "a"], "--hidden"),
+    (["run", "--partition", "bogus"], "--partition"),
+    (["run", "--partition", "hsu"], "--partition"),
+    (["run", "--client-map", "pmap"], "--client-map"),
+    (["run", "--sampling", "nope"], "--sampling"),
+    (["run", "--rounds"], "--rounds"),
+    (["run", "--roundz", "3"], "--rounds"),
+    (["run", "--config"], "--config"),
+    # registries
+    (["run", "--algorithm", "nope"], "algorithm"),
+    (["run", "--dataset", "nope"], "dataset"),
+    (["run", "--model", "nope"], "model"),
+    # output paths
+    (["run", "--out", ""], "--out"),
+    (["run", "--out", "   "], "--out"),
+    (["run", "--out", "{}"], "--out"),
+    (["run", "--out", "res/{algo}"], "--out"),
+    (["run", "--out", "res/{algorithm"], "--out"),
+    (["run", "--out", "{0}"], "--out"),
+    (["run", "--out", "a_file/sub"], "--out"),
+    (["run", "--out", "a_file"], "--out"),
+    (["run", "--out", "readonly/sub"], "--out"),
+    # resume
+    (["run", "--resume"], "--resume"),
+    # model / data / resources (after loading the data, before compiling)
+    (["run", "--model", "lstm"], "--model"),
+    (["run", "--model", "gru"], "--model"),
+    (["run", "--batch-size", "100000000"], "--batch-size"),
+    (["run", "--hidden", "100000", "100000", "--client-map", "vmap"], "--batch-size"),
+    # bench
+    (["bench", "--repeats", "1"], "--repeats"),
+    (["bench", "--clients", "0"], "--clients"),
+    (["bench", "--memory-budget-gb", "nan"], "--memory-budget-gb"),
+    (["bench", "--memory-budget-gb", "-1"], "--memory-budget-gb"),
+    (["bench", "--max-round-s", "inf"], "--max-round-s"),
+    (["bench", "--cohorts", "10", "0"], "--cohorts"),
+    (["bench", "--widths", "-5"], "--widths"),
+    (["bench", "--out", "a_file"], "--out"),
+    (["bench", "--out", ""], "--out"),
+    (["bench", "--workload", "nope"], "workload"),
+    (["bench", "--suite", "nope"], "--suite"),
+    (["bench", "--peak-n", "0"], "--peak-n"),
+]
+
+# --config files: (JSON text, the key the message must name)
+BAD_CONFIGS: list[tuple[str, str]] = [
+    ("[1, 2]", "JSON object"),
+    ('"rounds"', "JSON object"),
+    ("{bad json", "--config"),
+    ('{"rounds": "ten"}', "'rounds'"),
+    ('{"rounds": 1.5}', "'rounds'"),
+    ('{"client_lr": "0.1"}', "'client_lr'"),
+    ('{"hidden": 64}', "'hidden'"),
+    ('{"hidden": ["a"]}', "'hidden'"),
+    ('{"progress": 1}', "'progress'"),
+    ('{"partition": "hsu"}', "'partition'"),
+    ('{"cohort_size": true}', "'cohort_size'"),
+    ('{"alpha": NaN}', "'alpha'"),
+    ('{"bogus": 1}', "unknown keys"),
+    ('{"cohort_size": 1000}', "--cohort-size"),
+]
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """An empty working directory with a plain file and a read-only folder in it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "readonly").mkdir()
+    os.chmod(tmp_path / "readonly", 0o500)
+    yield tmp_path
+    os.chmod(tmp_path / "readonly", 0o700)
+
+
+def _contents(path) -> set[str]:
+    return {str(p.relative_to(path)) for p in path.rglob("*")}
+
+
+def _refused(capsys, workdir, args: list[str], names: str) -> None:
+    before = _contents(workdir)
+    assert cli.main(args) == 2, args
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fedjax-sim: error: "), err
+    assert "\n" not in err and "Traceback" not in err, err
+    assert names in err, (names, err)
+    assert _contents(workdir) == before, "something was created"
+
+
+def test_at_least_80_bad_invocations():
+    assert len(BAD) + len(BAD_CONFIGS) >= 80
+
+
+@pytest.mark.parametrize("args, names", BAD, ids=[" ".join(a)[:60] for a, _ in BAD])
+def test_bad_invocation_refused(capsys, workdir, args, names):
+    if os.geteuid() == 0 and "readonly/sub" in args:
+        pytest.skip("root can write into a read-only folder")
+    _refused(capsys, workdir, [*args, "--no-progress"] if args[0] == "run" else args, names)
+
+
+@pytest.mark.parametrize("text, names", BAD_CONFIGS, ids=[t[:30] for t, _ in BAD_CONFIGS])
+def test_bad_config_file_refused(capsys, workdir, tmp_path_factory, text, names):
+    path = tmp_path_factory.mktemp("cfg") / "c.json"
+    path.write_text(text)
+    _refused(capsys, workdir, ["run", "--config", str(path)], names)
+
+
+def _fake_checkpoint(workdir, round_: int, **overrides) -> str:
+    """A checkpoint in the default results folder, written by `overrides` of the defaults."""
+    config = dataclasses.asdict(dataclasses.replace(cli.RunConfig(), **overrides))
+    ckpt = Checkpointer(str(workdir / "results" / "fedavg_digits" / "checkpoints"))
+    ckpt.save(round_, {"w": jnp.zeros(3)}, jax.random.key(0), {"meta": {"config": config}})
+    ckpt.close()
+    return ckpt.directory
+
+
+def test_resume_with_other_settings_names_them(capsys, workdir):
+    _fake_checkpoint(workdir, 40, num_clients=50, cohort_size=5)
+    _refused(capsys, workdir, ["run", "--resume"], "--num-clients 50 -> 100")
+    _refused(capsys, workdir, ["run", "--resume-or-start", "--hidden", "8"], "--hidden")
+
+
+def test_fresh_run_over_an_interrupted_one_is_refused(capsys, workdir):
+    _fake_checkpoint(workdir, 40)
+    _refused(capsys, workdir, ["run"], "--resume")
+
+
+def test_corrupt_checkpoint_one_line(capsys, workdir):
+    directory = _fake_checkpoint(workdir, 40)
+    for root, _, files in os.walk(directory):
+        for name in files:
+            with open(os.path.join(root, name), "w") as f:
+                f.write("garbage")
+    _refused(capsys, workdir, ["run", "--resume"], "checkpoint")
+
+
+def test_checkpoint_of_another_state_one_line(capsys, workdir):
+    """Same settings, arrays of another algorithm: refused at restore, before compiling."""
+    _fake_checkpoint(workdir, 40)  # state {"w": [3]} is not FedAvg's
+    _refused(capsys, workdir, ["run", "--resume"], "does not match this run's state")
+
+
+def test_empty_central_test_set_refused(capsys, workdir):
+    _refused(capsys, workdir, ["run", "--num-clients", "5000"], "--num-clients")
+
+
+def test_valid_edge_values_pass_validation(workdir):
+    """Edge values that are legal are not refused by the checks (no run is started)."""
+    edges = [
+        ["--alpha", "1e-3"],
+        ["--alpha", "1e30"],
+        ["--seed", "4294967295"],
+        ["--seed", "0"],
+        ["--straggler-fraction", "0"],
+        ["--straggler-fraction", "1"],
+        ["--client-lr", "3e38"],
+        ["--cohort-size", "100"],
+        ["--cohort-size", "500", "--cohort-sampling", "proportional"],
+        ["--l2", "0", "--mu", "0"],
+        ["--hidden"],
+        ["--out", "res/{algorithm}-{dataset}/x"],
+        ["--out", "a b/ü"],
+        ["--checkpoint-every", "1", "--eval-every", "1", "--rounds", "1"],
+        ["--resume-or-start"],
+        ["--devices", "1"],
+    ]
+    for args in edges:
+        cfg = cli._parse(cli.RunConfig, args, None, "fedjax-sim run")
+        validate.check_run(cfg)
+    assert _contents(workdir) == {"a_file", "readonly"}
+
+
+def test_config_file_values_reach_the_config(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"hidden": [8, 4], "client_lr": 1, "cohort_size": None}))
+    values = validate.load_config_file(cli.RunConfig, str(path))
+    assert values == {"hidden": (8, 4), "client_lr": 1, "cohort_size": None}
+
+
+def test_help_mentions_config(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    assert "--config FILE" in capsys.readouterr().out
+
+
+def test_list_partitioners_are_the_accepted_ones(capsys):
+    assert cli.main(["list", "--what", "partitioners"]) == 0
+    out = capsys.readouterr().out
+    names = [ln.split()[0] for ln in out.splitlines()[1:] if not ln.strip().startswith("(")]
+    assert names == ["dirichlet", "iid", "shards", "quantity_skew"]
+    assert "McMahan et al. 2017" in out or "McMahan et al." not in out.split("shards")[1][:20]
+
+
+def test_divergence_warning():
+    assert validate.divergence_message([1.0] * 10 + [50.0] * 10) is not None
+    assert validate.divergence_message([2.0, 1.0, 0.5, 0.4]) is None
