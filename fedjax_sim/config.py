@@ -344,7 +344,7 @@ def algorithm_kwargs(
         if flag in explicit and concept not in accepted:
             raise UsageError(
                 f"--{flag.replace('_', '-')} is not used by {cfg.algorithm} (it has no "
-                f"{concept}); see `fedjax-sim list algorithms`"
+                f"{concept}); see `fedjax-sim list --what algorithms`"
             )
     values = _concept_values(cfg, factory)
     kwargs = {k: v for k, v in values.items() if k in accepted}
