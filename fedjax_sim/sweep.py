@@ -51,6 +51,7 @@ from fedjax_sim.simulate import (
 )
 
 HParams = dict[str, jax.Array]
+_PLANS: dict[tuple, int] = {}  # planned run groups of already-checked sweeps
 MakeAlgorithm = Callable[[HParams], Algorithm]
 
 
@@ -477,17 +478,20 @@ def sweep(
         raise ValueError(f"runs_per_group must be >= 1, got {runs_per_group}")
     runs = expand_grid(seeds, dict(grid or {}))
     num = len(runs)
-    one = abstract_run(make_algorithm, model, data, runs[0].hparams, params)
     hps, keys = _stack_hparams(runs), _stack_keys(runs)
-
-    if runs_per_group is None:
-        budget = memory_budget_bytes or default_budget_bytes()
-        resident = 2 * num * tree_size_bytes(one) + tree_size_bytes(data)
-        hp0 = {k: v[0] for k, v in hps.items()}
-        run_bytes = per_run_bytes(make_algorithm, one, hp0, data, keys[0])
-        group = plan_group(num, run_bytes, budget - resident)
-    else:
-        group = min(runs_per_group, num)
+    budget = memory_budget_bytes or default_budget_bytes()
+    sig = (make_algorithm, model, num, tuple(runs[0].hparams), params is not None,
+           str(jax.tree.map(lambda a: (a.shape, a.dtype), data)), runs_per_group, budget)
+    if sig not in _PLANS:  # trace once (one-line error for untraceable factories), plan
+        one = abstract_run(make_algorithm, model, data, runs[0].hparams, params)
+        if runs_per_group is None:
+            resident = 2 * num * tree_size_bytes(one) + tree_size_bytes(data)
+            hp0 = {k: v[0] for k, v in hps.items()}
+            run_bytes = per_run_bytes(make_algorithm, one, hp0, data, keys[0])
+            _PLANS[sig] = plan_group(num, run_bytes, budget - resident)
+        else:
+            _PLANS[sig] = min(runs_per_group, num)
+    group = _PLANS[sig]
 
     states = _compiled_init(make_algorithm, model, group, params is not None)(hps, keys, params)
     histories = [History(meta={**(meta or {}), "seed": r.seed, "hparams": r.hparams,
