@@ -182,3 +182,44 @@ def test_outputs_checkpoint_resume_and_untraceable_factory(setup, tmp_path):
     with pytest.raises(ValueError, match="traced hyper-parameters"):
         sweep(lambda hp: fedprox(model.loss, mu=hp["mu"], local=L), ds.train, seeds=1,
               grid={"mu": [0.1]}, model=model, num_rounds=1, progress=False)
+
+
+# ------------------------------------------------------------------------------ CLI
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--grid", "foo=1"], "unknown hyper-parameter"),
+        (["--grid", "mu=0,0.01"], "fedavg does not use it"),
+        (["--grid", "client_lr=a,b"], "must be numbers"),
+        (["--grid", "client_lr="], "no values"),
+        (["--grid", "client_lr"], "name=v1,v2"),
+        (["--grid", "client_lr=0.1", "--grid", "client_lr=0.2"], "given twice"),
+        (["--grid", "client_lr=0.1,-1"], "--client-lr must be > 0"),
+        (["--seeds", "0"], "--seeds must be >= 1"),
+    ],
+)
+def test_cli_bad_grid_is_one_line_and_exit_2(flags, message, capsys, tmp_path):
+    from fedjax_sim.sweep_cli import main
+
+    assert main([*flags, "--rounds", "1", "--no-progress", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fedjax-sim: error:") and message in err and "\n" not in err
+
+
+def test_cli_sweep_writes_results_and_resumes(tmp_path, capsys):
+    from fedjax_sim.sweep_cli import main
+
+    flags = ["--num-clients", "10", "--cohort-size", "3", "--local-steps", "1",
+             "--eval-every", "1", "--seeds", "2", "--grid", "client_lr=0.05,0.1",
+             "--grid", "server_lr=1", "--no-progress", "--out", str(tmp_path),
+             "--checkpoint-every", "1", "--runs-per-group", "4"]
+    assert main([*flags, "--rounds", "1"]) == 0
+    assert main([*flags, "--rounds", "2", "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "2 grid points x 2 seeds = 4 runs" in out and "best: client_lr=" in out
+    res = SweepResult.from_dict(json.loads((tmp_path / "histories.json").read_text()))
+    assert [r.seed for r in res.runs] == [0, 1, 0, 1]
+    assert all(h.rounds == [1, 2] and [e["round"] for e in h.evals] == [0, 1, 2]
+               for h in res.histories)
+    for f in ("summary.csv", "summary.md", "best.json", "sweep.png", "runs.csv"):
+        assert (tmp_path / f).exists(), f
