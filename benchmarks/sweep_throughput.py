@@ -41,8 +41,12 @@ def build(workload: str):
 
     w = workloads.preset("W1").replace(clients=100)
     data = workloads.make_data(w)
-    return workloads.make_algorithm(w, data), data, None, workloads.make_model(w), EvalSpec(
-        every=1000, clients=False
+    return (
+        workloads.make_algorithm(w, data),
+        data,
+        None,
+        workloads.make_model(w),
+        EvalSpec(every=1000, clients=False),
     )
 
 
@@ -60,16 +64,32 @@ def measure(workload: str, runs: int, mode: str, rounds: int, max_seq: int) -> d
 
         def go(seed0):
             for s in range(calls):
-                simulate(alg, train, jax.random.key(seed0 + s), model=model, num_rounds=rounds,
-                         test=test, evaluation=spec, progress=False)
+                simulate(
+                    alg,
+                    train,
+                    jax.random.key(seed0 + s),
+                    model=model,
+                    num_rounds=rounds,
+                    test=test,
+                    evaluation=spec,
+                    progress=False,
+                )
     else:
         calls = runs
         group = runs if mode == "sweep-all" else None
 
         def go(seed0):
-            res = sweep(make, train, seeds=range(seed0, seed0 + runs), model=model,
-                        num_rounds=rounds, test=test, evaluation=spec, progress=False,
-                        runs_per_group=group)
+            res = sweep(
+                make,
+                train,
+                seeds=range(seed0, seed0 + runs),
+                model=model,
+                num_rounds=rounds,
+                test=test,
+                evaluation=spec,
+                progress=False,
+                runs_per_group=group,
+            )
             jax.block_until_ready(res.states)
             go.group = res.meta["runs_per_group"]
 
@@ -80,8 +100,14 @@ def measure(workload: str, runs: int, mode: str, rounds: int, max_seq: int) -> d
     go(0)
     seconds = time.perf_counter() - t0
     return {
-        "workload": workload, "R": runs, "mode": mode, "rounds": rounds, "timed_runs": calls,
-        "seconds": seconds, "runs_per_s": calls / seconds, "warmup_s": first,
+        "workload": workload,
+        "R": runs,
+        "mode": mode,
+        "rounds": rounds,
+        "timed_runs": calls,
+        "seconds": seconds,
+        "runs_per_s": calls / seconds,
+        "warmup_s": first,
         "runs_per_group": getattr(go, "group", None),
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "load_avg_1m": os.getloadavg()[0],
@@ -110,18 +136,36 @@ def main(argv: list[str] | None = None) -> int:
         for r in args.runs:
             by_mode = {}
             for mode in modes:
-                cmd = [sys.executable, __file__, "--one", w, str(r), mode,
-                       "--rounds", str(args.rounds), "--w1-rounds", str(args.w1_rounds),
-                       "--max-sequential", str(args.max_sequential)]
-                out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
-                                     env={**os.environ, "PYTHONPATH": ROOT})
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    w,
+                    str(r),
+                    mode,
+                    "--rounds",
+                    str(args.rounds),
+                    "--w1-rounds",
+                    str(args.w1_rounds),
+                    "--max-sequential",
+                    str(args.max_sequential),
+                ]
+                out = subprocess.run(
+                    cmd,
+                    capture_output=True,
+                    text=True,
+                    cwd=ROOT,
+                    env={**os.environ, "PYTHONPATH": ROOT},
+                )
                 if out.returncode != 0:
                     print(out.stderr[-2000:], file=sys.stderr)
                     return 1
                 row = json.loads(out.stdout.strip().splitlines()[-1])
                 by_mode[mode] = row
                 if mode != "sequential":
-                    row["speedup_vs_sequential"] = row["runs_per_s"] / by_mode["sequential"]["runs_per_s"]
+                    row["speedup_vs_sequential"] = (
+                        row["runs_per_s"] / by_mode["sequential"]["runs_per_s"]
+                    )
                 rows.append(row)
                 print(
                     f"{w:7s} R={r:3d} {mode:11s} {row['runs_per_s']:8.3f} runs/s "

@@ -114,8 +114,8 @@ def _stack_keys(runs: Sequence[RunSpec]) -> jax.Array:
 # ------------------------------------------------------------------------------ mapping runs
 def map_runs(fn: Callable[..., Any], xs: Any, group: int) -> Any:
     """`fn` over the leading runs axis of `xs`: one vmap if `group >= R`, else `lax.map` over
-    groups of `group` runs (each vmapped; a last partial group is vmapped on its own; `group == 1`: a plain
-    `lax.map`, the unbatched step)."""
+    groups of `group` runs (each vmapped; a last partial group is vmapped on its own;
+    `group == 1`: a plain `lax.map` of the unbatched step)."""
     num = jax.tree.leaves(xs)[0].shape[0]
     if group >= num:
         return jax.vmap(fn)(*xs)
@@ -132,7 +132,10 @@ TRACER_ERRORS = (
 
 
 def abstract_run(
-    make_algorithm: MakeAlgorithm, model: Model, data: FederatedData, hparams: Mapping[str, float],
+    make_algorithm: MakeAlgorithm,
+    model: Model,
+    data: FederatedData,
+    hparams: Mapping[str, float],
     params: Any = None,
 ) -> Any:
     """The abstract state of one run, after tracing its `init` and one `step` with traced
@@ -290,8 +293,17 @@ class SweepResult:
             mean, half, std = mean_ci(v)
             hp = self.runs[idx[0]].hparams
             rows.append(
-                {"config": label, **hp, "metric": metric, "round": round_, "n": len(v),
-                 "mean": mean, "std": std, "ci95_low": mean - half, "ci95_high": mean + half}
+                {
+                    "config": label,
+                    **hp,
+                    "metric": metric,
+                    "round": round_,
+                    "n": len(v),
+                    "mean": mean,
+                    "std": std,
+                    "ci95_low": mean - half,
+                    "ci95_high": mean + half,
+                }
             )
         return rows
 
@@ -365,7 +377,9 @@ class SweepResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SweepResult:
-        runs = [RunSpec(r["index"], r["config"], r["seed"], r["hparams"], r["label"]) for r in d["runs"]]
+        runs = [
+            RunSpec(r["index"], r["config"], r["seed"], r["hparams"], r["label"]) for r in d["runs"]
+        ]
         return cls(runs, [History.from_dict(r["history"]) for r in d["runs"]], dict(d["meta"]))
 
     def runs_csv(self) -> str:
@@ -377,28 +391,45 @@ class SweepResult:
             body = h.to_csv().splitlines()
             if not lines:
                 lines.append(",".join(["run", "config", "seed", *names, body[0]]))
-            prefix = ",".join([str(r.index), f'"{r.label}"', str(r.seed), *(f"{r.hparams[n]:g}" for n in names)])
+            prefix = ",".join(
+                [str(r.index), f'"{r.label}"', str(r.seed), *(f"{r.hparams[n]:g}" for n in names)]
+            )
             lines.extend(f"{prefix},{row}" for row in body[1:])
         return "\n".join(lines) + "\n"
 
     def save(
-        self, out_dir: str, metric: str = "test_accuracy", round_: int | None = None, plot: bool = True
+        self,
+        out_dir: str,
+        metric: str = "test_accuracy",
+        round_: int | None = None,
+        plot: bool = True,
     ) -> dict[str, str]:
         """Writes `histories.json` (every run), `runs.csv`, `summary.csv`, `summary.md`,
         `best.json` and (if `plot`) `sweep.png` under `out_dir`."""
         os.makedirs(out_dir, exist_ok=True)
-        p = {k: os.path.join(out_dir, f) for k, f in [
-            ("json", "histories.json"), ("csv", "runs.csv"), ("summary", "summary.csv"),
-            ("md", "summary.md"), ("best", "best.json")]}
+        p = {
+            k: os.path.join(out_dir, f)
+            for k, f in [
+                ("json", "histories.json"),
+                ("csv", "runs.csv"),
+                ("summary", "summary.csv"),
+                ("md", "summary.md"),
+                ("best", "best.json"),
+            ]
+        }
         _atomic_write(p["json"], json.dumps(self.to_dict()))
         _atomic_write(p["csv"], self.runs_csv())
         has_metric = any(metric in e for e in (self.histories[0].evals if self.histories else []))
         if has_metric or (self.histories and metric in self.histories[0].metrics):
             rows = self.summary(metric, round_)
             cols = list(rows[0])
-            text = ",".join(cols) + "\n" + "".join(
-                ",".join(f'"{row[c]}"' if c == "config" else str(row[c]) for c in cols) + "\n"
-                for row in rows
+            text = (
+                ",".join(cols)
+                + "\n"
+                + "".join(
+                    ",".join(f'"{row[c]}"' if c == "config" else str(row[c]) for c in cols) + "\n"
+                    for row in rows
+                )
             )
             _atomic_write(p["summary"], text)
             _atomic_write(p["md"], self.table(metric, round_))
@@ -480,8 +511,16 @@ def sweep(
     num = len(runs)
     hps, keys = _stack_hparams(runs), _stack_keys(runs)
     budget = memory_budget_bytes or default_budget_bytes()
-    sig = (make_algorithm, model, num, tuple(runs[0].hparams), params is not None,
-           str(jax.tree.map(lambda a: (a.shape, a.dtype), data)), runs_per_group, budget)
+    sig = (
+        make_algorithm,
+        model,
+        num,
+        tuple(runs[0].hparams),
+        params is not None,
+        str(jax.tree.map(lambda a: (a.shape, a.dtype), data)),
+        runs_per_group,
+        budget,
+    )
     if sig not in _PLANS:  # trace once (one-line error for untraceable factories), plan
         one = abstract_run(make_algorithm, model, data, runs[0].hparams, params)
         if runs_per_group is None:
@@ -494,8 +533,18 @@ def sweep(
     group = _PLANS[sig]
 
     states = _compiled_init(make_algorithm, model, group, params is not None)(hps, keys, params)
-    histories = [History(meta={**(meta or {}), "seed": r.seed, "hparams": r.hparams,
-                               "label": r.label, "run": r.index}) for r in runs]
+    histories = [
+        History(
+            meta={
+                **(meta or {}),
+                "seed": r.seed,
+                "hparams": r.hparams,
+                "label": r.label,
+                "run": r.index,
+            }
+        )
+        for r in runs
+    ]
     start = 0
     ckpt = Checkpointer(checkpoint_dir) if checkpoint_dir else None
     if resume and ckpt is not None and ckpt.latest_round() is not None:
@@ -516,15 +565,23 @@ def sweep(
             h.append_eval(round_, {k: float(v[i]) for k, v in results.items()})
 
     def save_ckpt(r: int) -> None:
-        ckpt.save(r, states, keys, {"runs": [dataclasses.asdict(x) for x in runs],
-                                    "histories": [h.to_dict() for h in histories]})
+        ckpt.save(
+            r,
+            states,
+            keys,
+            {
+                "runs": [dataclasses.asdict(x) for x in runs],
+                "histories": [h.to_dict() for h in histories],
+            },
+        )
 
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=num_rounds * num, initial=start * num, unit="run-round",
-                   dynamic_ncols=True)
+        bar = tqdm(
+            total=num_rounds * num, initial=start * num, unit="run-round", dynamic_ncols=True
+        )
     t0 = time.perf_counter()
     r = last_saved = start
     try:
@@ -549,8 +606,9 @@ def sweep(
             if bar is not None:
                 bar.update(r * num - bar.n)
                 if "train_loss" in metrics:
-                    bar.set_postfix(loss=f"{np.nanmean(metrics['train_loss'][-1]):.4f}",
-                                    refresh=False)
+                    bar.set_postfix(
+                        loss=f"{np.nanmean(metrics['train_loss'][-1]):.4f}", refresh=False
+                    )
             if ckpt and checkpoint_every and (r % checkpoint_every == 0 or r == num_rounds):
                 save_ckpt(r)
                 last_saved = r
@@ -565,8 +623,15 @@ def sweep(
             ckpt.close()
     seconds = time.perf_counter() - t0
     result = SweepResult(
-        runs, histories, {**(meta or {}), "seconds": seconds, "runs_per_group": group,
-                          "num_runs": num, "num_rounds": num_rounds},
+        runs,
+        histories,
+        {
+            **(meta or {}),
+            "seconds": seconds,
+            "runs_per_group": group,
+            "num_runs": num,
+            "num_rounds": num_rounds,
+        },
         states,
     )
     if out_dir:

@@ -233,8 +233,9 @@ def sweep_command(cfg: SweepConfig) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m fedjax_sim.sweep_cli [flags]` (until `sweep` is registered in the CLI)."""
     try:
-        cfg = tyro.cli(SweepConfig, args=list(sys.argv[1:] if argv is None else argv),
-                       prog="fedjax-sim sweep")
+        cfg = tyro.cli(
+            SweepConfig, args=list(sys.argv[1:] if argv is None else argv), prog="fedjax-sim sweep"
+        )
         return sweep_command(cfg)
     except UsageError as e:
         print(f"fedjax-sim: error: {e}", file=sys.stderr)

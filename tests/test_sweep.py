@@ -29,8 +29,14 @@ def setup():
 
 def _single(alg, ds, model, seed, rounds=3):
     return simulate(
-        alg, ds.train, jax.random.key(seed), model=model, num_rounds=rounds, test=ds.test,
-        evaluation=EVAL, progress=False,
+        alg,
+        ds.train,
+        jax.random.key(seed),
+        model=model,
+        num_rounds=rounds,
+        test=ds.test,
+        evaluation=EVAL,
+        progress=False,
     )
 
 
@@ -52,8 +58,9 @@ def _algorithms(model, ds):
         "scaffold": scaffold(
             model.loss, num_clients=12, client_lr=0.1, local=L, cohort=CohortSpec(size=4)
         ),
-        "fedbuff": fedbuff(model.loss, num_clients=12, firing_probability=0.3,
-                           client_optimizer=0.1, local=L),
+        "fedbuff": fedbuff(
+            model.loss, num_clients=12, firing_probability=0.3, client_optimizer=0.1, local=L
+        ),
     }
 
 
@@ -67,8 +74,9 @@ VMAP_TOL = dict(rtol=1e-5, atol=1e-6)
 def test_sweep_run_r_equals_the_single_run(setup, name):
     ds, model = setup
     alg = _algorithms(model, ds)[name]
-    kw = dict(seeds=[5, 6], model=model, num_rounds=3, test=ds.test, evaluation=EVAL,
-              progress=False)
+    kw = dict(
+        seeds=[5, 6], model=model, num_rounds=3, test=ds.test, evaluation=EVAL, progress=False
+    )
     vmapped = sweep(lambda hp: alg, ds.train, **kw)
     assert vmapped.meta["runs_per_group"] == 2
     assert [r.seed for r in vmapped.runs] == [5, 6]
@@ -93,8 +101,14 @@ def test_chunked_sweep_equals_unchunked(setup):
 
 def _make_fedavg(model):
     def make(hp):
-        return fedavg(model.loss, client_optimizer=optax.sgd(hp["lr"]),
-                      server_optimizer=optax.sgd(hp["slr"]), local=L, cohort=CohortSpec(size=4))
+        return fedavg(
+            model.loss,
+            client_optimizer=optax.sgd(hp["lr"]),
+            server_optimizer=optax.sgd(hp["slr"]),
+            local=L,
+            cohort=CohortSpec(size=4),
+        )
+
     return make
 
 
@@ -102,8 +116,15 @@ def test_traced_hyper_parameter_changes_the_result_exactly_as_the_static_value(s
     ds, model = setup
     make = _make_fedavg(model)
     grid = {"lr": [0.05, 0.2], "slr": [0.5]}
-    kw = dict(seeds=[1], grid=grid, model=model, num_rounds=3, test=ds.test, evaluation=EVAL,
-              progress=False)
+    kw = dict(
+        seeds=[1],
+        grid=grid,
+        model=model,
+        num_rounds=3,
+        test=ds.test,
+        evaluation=EVAL,
+        progress=False,
+    )
     vmapped = sweep(make, ds.train, **kw)
     assert len(vmapped.runs) == 2 and vmapped.meta["runs_per_group"] == 2
     finals = set()
@@ -119,12 +140,18 @@ def test_grid_expansion_order_and_labels():
     runs = expand_grid(2, {"lr": [0.1, 0.3], "mu": [0, 0.01]})
     assert [(r.index, r.config, r.seed) for r in runs] == [(i, i // 2, i % 2) for i in range(8)]
     assert [r.label for r in runs[::2]] == [
-        "lr=0.1,mu=0", "lr=0.1,mu=0.01", "lr=0.3,mu=0", "lr=0.3,mu=0.01"
+        "lr=0.1,mu=0",
+        "lr=0.1,mu=0.01",
+        "lr=0.3,mu=0",
+        "lr=0.3,mu=0.01",
     ]
     assert runs[5].hparams == {"lr": 0.3, "mu": 0.0}
     assert [r.label for r in expand_grid([4], {})] == ["default"]
-    for bad, msg in [({"lr": []}, "no values"), ({"lr": ["a"]}, "non-numeric"),
-                     ({"lr": [float("nan")]}, "non-finite")]:
+    for bad, msg in [
+        ({"lr": []}, "no values"),
+        ({"lr": ["a"]}, "non-numeric"),
+        ({"lr": [float("nan")]}, "non-finite"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             expand_grid(1, bad)
     with pytest.raises(ValueError, match="distinct"):
@@ -145,8 +172,13 @@ def test_summary_statistics_match_numpy_and_scipy():
     for rnd in (None, 2):
         rows = res.summary("test_accuracy", rnd)
         for g, row in enumerate(rows):
-            v = np.array([hists[r.index].eval_series("test_accuracy")[1][-1 if rnd is None else 1]
-                          for r in runs if r.config == g])
+            v = np.array(
+                [
+                    hists[r.index].eval_series("test_accuracy")[1][-1 if rnd is None else 1]
+                    for r in runs
+                    if r.config == g
+                ]
+            )
             lo, hi = stats.t.interval(0.95, len(v) - 1, loc=v.mean(), scale=stats.sem(v))
             assert row["n"] == 5 and row["config"] == runs[5 * g].label
             np.testing.assert_allclose(row["mean"], v.mean(), rtol=1e-12)
@@ -166,8 +198,16 @@ def test_summary_statistics_match_numpy_and_scipy():
 def test_outputs_checkpoint_resume_and_untraceable_factory(setup, tmp_path):
     ds, model = setup
     make = _make_fedavg(model)
-    kw = dict(seeds=2, grid={"lr": [0.1], "slr": [1.0, 0.5]}, model=model, num_rounds=4,
-              test=ds.test, evaluation=EVAL, progress=False, runs_per_group=4)
+    kw = dict(
+        seeds=2,
+        grid={"lr": [0.1], "slr": [1.0, 0.5]},
+        model=model,
+        num_rounds=4,
+        test=ds.test,
+        evaluation=EVAL,
+        progress=False,
+        runs_per_group=4,
+    )
     full = sweep(make, ds.train, out_dir=str(tmp_path / "out"), **kw)
     for f in ("histories.json", "runs.csv", "summary.csv", "summary.md", "best.json", "sweep.png"):
         assert (tmp_path / "out" / f).exists(), f
@@ -180,8 +220,15 @@ def test_outputs_checkpoint_resume_and_untraceable_factory(setup, tmp_path):
     for h1, h2 in zip(full.histories, resumed.histories, strict=True):
         _same(h1, h2)
     with pytest.raises(ValueError, match="traced hyper-parameters"):
-        sweep(lambda hp: fedprox(model.loss, mu=hp["mu"], local=L), ds.train, seeds=1,
-              grid={"mu": [0.1]}, model=model, num_rounds=1, progress=False)
+        sweep(
+            lambda hp: fedprox(model.loss, mu=hp["mu"], local=L),
+            ds.train,
+            seeds=1,
+            grid={"mu": [0.1]},
+            model=model,
+            num_rounds=1,
+            progress=False,
+        )
 
 
 # ------------------------------------------------------------------------------ CLI
@@ -209,17 +256,37 @@ def test_cli_bad_grid_is_one_line_and_exit_2(flags, message, capsys, tmp_path):
 def test_cli_sweep_writes_results_and_resumes(tmp_path, capsys):
     from fedjax_sim.sweep_cli import main
 
-    flags = ["--num-clients", "10", "--cohort-size", "3", "--local-steps", "1",
-             "--eval-every", "1", "--seeds", "2", "--grid", "client_lr=0.05,0.1",
-             "--grid", "server_lr=1", "--no-progress", "--out", str(tmp_path),
-             "--checkpoint-every", "1", "--runs-per-group", "4"]
+    flags = [
+        "--num-clients",
+        "10",
+        "--cohort-size",
+        "3",
+        "--local-steps",
+        "1",
+        "--eval-every",
+        "1",
+        "--seeds",
+        "2",
+        "--grid",
+        "client_lr=0.05,0.1",
+        "--grid",
+        "server_lr=1",
+        "--no-progress",
+        "--out",
+        str(tmp_path),
+        "--checkpoint-every",
+        "1",
+        "--runs-per-group",
+        "4",
+    ]
     assert main([*flags, "--rounds", "1"]) == 0
     assert main([*flags, "--rounds", "2", "--resume"]) == 0
     out = capsys.readouterr().out
     assert "2 grid points x 2 seeds = 4 runs" in out and "best: client_lr=" in out
     res = SweepResult.from_dict(json.loads((tmp_path / "histories.json").read_text()))
     assert [r.seed for r in res.runs] == [0, 1, 0, 1]
-    assert all(h.rounds == [1, 2] and [e["round"] for e in h.evals] == [0, 1, 2]
-               for h in res.histories)
+    assert all(
+        h.rounds == [1, 2] and [e["round"] for e in h.evals] == [0, 1, 2] for h in res.histories
+    )
     for f in ("summary.csv", "summary.md", "best.json", "sweep.png", "runs.csv"):
         assert (tmp_path / f).exists(), f
