@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(
                     f"{w:7s} R={r:3d} {mode:11s} {row['runs_per_s']:8.3f} runs/s "
-                    f"(x{row.get('speedup_vs_sequential', 1.0):.2f})  group={row['runs_per_group']} "
+                    f"(x{row.get('speedup_vs_sequential', 1.0):.2f}) "
+                    f"group={row['runs_per_group']} "
                     f"warm-up {row['warmup_s']:.1f} s  peak RSS {row['peak_rss_gib']:.2f} GiB  "
                     f"load {row['load_avg_1m']:.1f}",
                     flush=True,

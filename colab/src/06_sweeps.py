@@ -85,7 +85,7 @@ for name, res in results.items():
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
-for ax, (name, res) in zip(axes, results.items()):
+for ax, (name, res) in zip(axes, results.items(), strict=True):
     res.plot(metric="test_accuracy", ax=ax)
     ax.set_title(f"{name}: test accuracy, mean and 95% CI over {SEEDS} seeds")
 plt.tight_layout()
