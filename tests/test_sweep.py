@@ -27,7 +27,7 @@ def setup():
     return ds, mlp(ds.feature_shape, 10, hidden=(8,))
 
 
-def _single(alg, ds, model, seed, rounds=3):
+def _single(alg, ds, model, seed, rounds=3, spec=EVAL):
     return simulate(
         alg,
         ds.train,
@@ -35,7 +35,7 @@ def _single(alg, ds, model, seed, rounds=3):
         model=model,
         num_rounds=rounds,
         test=ds.test,
-        evaluation=EVAL,
+        evaluation=spec,
         progress=False,
     )
 
@@ -74,14 +74,15 @@ VMAP_TOL = dict(rtol=1e-5, atol=1e-6)
 def test_sweep_run_r_equals_the_single_run(setup, name):
     ds, model = setup
     alg = _algorithms(model, ds)[name]
-    kw = dict(
-        seeds=[5, 6], model=model, num_rounds=3, test=ds.test, evaluation=EVAL, progress=False
-    )
-    vmapped = sweep(lambda hp: alg, ds.train, **kw)
+    # fedavg: default planning and per-client evaluation; the others: central only
+    spec = EVAL if name == "fedavg" else EvalSpec(every=2, clients=False)
+    group = None if name == "fedavg" else 2
+    kw = dict(seeds=[5, 6], model=model, num_rounds=3, test=ds.test, evaluation=spec)
+    vmapped = sweep(lambda hp: alg, ds.train, progress=False, runs_per_group=group, **kw)
     assert vmapped.meta["runs_per_group"] == 2
     assert [r.seed for r in vmapped.runs] == [5, 6]
     for run in vmapped.runs:
-        single = _single(alg, ds, model, run.seed)
+        single = _single(alg, ds, model, run.seed, spec=spec)
         _same(vmapped.histories[run.index], single, **VMAP_TOL)
     if name == "scaffold":  # per-client state is stacked [R, C, ...]
         assert jax.tree.leaves(vmapped.states.client_controls)[0].shape[:2] == (2, 12)
