@@ -519,7 +519,7 @@ def sweep(
         params is not None,
         str(jax.tree.map(lambda a: (a.shape, a.dtype), data)),
         runs_per_group,
-        budget,
+        memory_budget_bytes,  # the default budget (available memory) varies: not keyed
     )
     if sig not in _PLANS:  # trace once (one-line error for untraceable factories), plan
         one = abstract_run(make_algorithm, model, data, runs[0].hparams, params)
