@@ -20,6 +20,7 @@ import tyro
 from fedjax_sim import validate
 from fedjax_sim.bench.config import BenchConfig
 from fedjax_sim.config import RunConfig, build_run, check_config, explicit_fields
+from fedjax_sim.sweep_cli import SweepConfig, sweep_command
 from fedjax_sim.validate import UsageError
 
 EXIT_USAGE = 2
@@ -310,6 +311,7 @@ def bench(cfg: BenchConfig) -> int:
 # ------------------------------------------------------------------------------ entry point
 COMMANDS: dict[str, tuple[type, Callable[..., int]]] = {
     "run": (RunConfig, run),
+    "sweep": (SweepConfig, sweep_command),
     "list": (ListConfig, list_registered),
     "bench": (BenchConfig, bench),
 }
@@ -407,6 +409,7 @@ def _main(argv: list[str]) -> int:
         print(
             f"usage: fedjax-sim {{{names}}} [--help] [options]\n\n"
             "  run    run a federated simulation (default: FedAvg on digits)\n"
+            "  sweep  seeds x hyper-parameter grid of a run as one compiled program\n"
             "  list   list algorithms, datasets, partitioners and models\n"
             "  bench  benchmark round throughput (see benchmarks/README.md)"
         )
@@ -415,9 +418,9 @@ def _main(argv: list[str]) -> int:
     try:
         default, rest = _load_config_file(cls, argv[1:])
         cfg = _parse(cls, rest, default, prog=f"fedjax-sim {argv[0]}")
-        if handler is run:
+        if handler in (run, sweep_command):
             from_file = set() if default is None else explicit_fields(default)
-            return run(cfg, from_file | _flags_given(cls, rest))
+            return handler(cfg, from_file | _flags_given(cls, rest))
         return handler(cfg)
     except UsageError as e:
         print(f"fedjax-sim: error: {e}", file=sys.stderr)

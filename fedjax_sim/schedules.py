@@ -45,6 +45,9 @@ def _dtype():
 
 
 def _positive(name: str, value: float) -> None:
+    """A concrete value must be a finite number > 0; traced values (sweeps) pass."""
+    if isinstance(value, jax.core.Tracer):
+        return
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
@@ -108,7 +111,7 @@ def round_decay(lr0: float = 0.1, decay: float = 0.998) -> Schedule:
     `optax.exponential_decay` evaluated at the counter cast to the default float dtype (an
     int32 counter would make it float32 even under float64)."""
     _positive("initial learning rate", lr0)
-    if not 0 < decay <= 1:
+    if not isinstance(decay, jax.core.Tracer) and not 0 < decay <= 1:
         raise ValueError(f"learning-rate decay must be in (0, 1], got {decay}")
     schedule = optax.exponential_decay(lr0, transition_steps=1, decay_rate=decay)
     return lambda round_: schedule(jnp.asarray(round_, _dtype()))

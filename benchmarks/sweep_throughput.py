@@ -1,0 +1,185 @@
+"""Sweeps as one program vs R sequential `simulate` calls (issue 22), side by side in one run.
+
+For each workload and R: runs per second of `sweep` (R seeds on the runs axis, run groups
+chosen by the memory planner, or `--groups all` = one vmap over all runs) and of R
+sequential `simulate` calls with the same algorithm (its compilation cached after the
+first call; at most `--max-sequential` calls are timed, their rate is the sequential rate).
+Every measurement runs in its own process (peak RSS is process-wide) after one untimed
+warm-up call that compiles; compile seconds are reported apart.
+
+Workloads: `digits` = the default job of `fedjax-sim run` (FedAvg, digits, 100 clients,
+Dirichlet 0.5, MLP 64, cohort 10, 10 local steps of batch 16, evaluation every 20 rounds,
+central + per-client test metrics) for `--rounds` rounds; `W1-100` = the W1 round
+(MLP 784-200-200-10, 10 local steps of batch 32) with 100 clients, full participation.
+
+    nice -n 5 python benchmarks/sweep_throughput.py --out benchmarks/results/sweep_throughput.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def build(workload: str):
+    """`(algorithm, data, test, model, eval spec, rounds per run)`."""
+    from fedjax_sim.simulate import EvalSpec
+
+    if workload == "digits":
+        from fedjax_sim.cli import RunConfig, build_run
+
+        dataset, model, alg, _ = build_run(RunConfig())
+        return alg, dataset.train, dataset.test, model, EvalSpec(every=20)
+    from fedjax_sim.bench import workloads
+
+    w = workloads.preset("W1").replace(clients=100)
+    data = workloads.make_data(w)
+    return (
+        workloads.make_algorithm(w, data),
+        data,
+        None,
+        workloads.make_model(w),
+        EvalSpec(every=1000, clients=False),
+    )
+
+
+def measure(workload: str, runs: int, mode: str, rounds: int, max_seq: int) -> dict:
+    """One measurement (run in a child process)."""
+    import jax
+
+    from fedjax_sim.simulate import simulate
+    from fedjax_sim.sweep import sweep
+
+    alg, train, test, model, spec = build(workload)
+    make = lambda hp: alg  # noqa: E731  one object: the compilation is reused
+    if mode == "sequential":
+        calls = min(runs, max_seq)
+
+        def go(seed0):
+            for s in range(calls):
+                simulate(
+                    alg,
+                    train,
+                    jax.random.key(seed0 + s),
+                    model=model,
+                    num_rounds=rounds,
+                    test=test,
+                    evaluation=spec,
+                    progress=False,
+                )
+    else:
+        calls = runs
+        group = runs if mode == "sweep-all" else None
+
+        def go(seed0):
+            res = sweep(
+                make,
+                train,
+                seeds=range(seed0, seed0 + runs),
+                model=model,
+                num_rounds=rounds,
+                test=test,
+                evaluation=spec,
+                progress=False,
+                runs_per_group=group,
+            )
+            jax.block_until_ready(res.states)
+            go.group = res.meta["runs_per_group"]
+
+    t0 = time.perf_counter()
+    go(1000)  # warm-up: compiles
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    go(0)
+    seconds = time.perf_counter() - t0
+    return {
+        "workload": workload,
+        "R": runs,
+        "mode": mode,
+        "rounds": rounds,
+        "timed_runs": calls,
+        "seconds": seconds,
+        "runs_per_s": calls / seconds,
+        "warmup_s": first,
+        "runs_per_group": getattr(go, "group", None),
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "load_avg_1m": os.getloadavg()[0],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workloads", nargs="+", default=["digits", "W1-100"])
+    ap.add_argument("--runs", nargs="+", type=int, default=[1, 4, 16, 64])
+    ap.add_argument("--rounds", type=int, default=40, help="rounds per run (digits)")
+    ap.add_argument("--w1-rounds", type=int, default=2, help="rounds per run (W1-100)")
+    ap.add_argument("--max-sequential", type=int, default=8)
+    ap.add_argument("--groups", nargs="+", default=["auto"], choices=["auto", "all"])
+    ap.add_argument("--out", default=None, help="append JSON lines here")
+    ap.add_argument("--one", nargs=3, metavar=("WORKLOAD", "R", "MODE"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.one:
+        w, r, mode = args.one
+        rounds = args.rounds if w == "digits" else args.w1_rounds
+        print(json.dumps(measure(w, int(r), mode, rounds, args.max_sequential)))
+        return 0
+    modes = ["sequential"] + [f"sweep-{g}" for g in args.groups]
+    rows = []
+    for w in args.workloads:
+        for r in args.runs:
+            by_mode = {}
+            for mode in modes:
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    w,
+                    str(r),
+                    mode,
+                    "--rounds",
+                    str(args.rounds),
+                    "--w1-rounds",
+                    str(args.w1_rounds),
+                    "--max-sequential",
+                    str(args.max_sequential),
+                ]
+                out = subprocess.run(
+                    cmd,
+                    capture_output=True,
+                    text=True,
+                    cwd=ROOT,
+                    env={**os.environ, "PYTHONPATH": ROOT},
+                )
+                if out.returncode != 0:
+                    print(out.stderr[-2000:], file=sys.stderr)
+                    return 1
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                by_mode[mode] = row
+                if mode != "sequential":
+                    row["speedup_vs_sequential"] = (
+                        row["runs_per_s"] / by_mode["sequential"]["runs_per_s"]
+                    )
+                rows.append(row)
+                print(
+                    f"{w:7s} R={r:3d} {mode:11s} {row['runs_per_s']:8.3f} runs/s "
+                    f"(x{row.get('speedup_vs_sequential', 1.0):.2f}) "
+                    f"group={row['runs_per_group']} "
+                    f"warm-up {row['warmup_s']:.1f} s  peak RSS {row['peak_rss_gib']:.2f} GiB  "
+                    f"load {row['load_avg_1m']:.1f}",
+                    flush=True,
+                )
+                if args.out:
+                    with open(args.out, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

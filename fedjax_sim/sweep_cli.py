@@ -1,0 +1,229 @@
+"""`fedjax-sim sweep`: seeds x hyper-parameter grid of one run configuration, as one program.
+
+    fedjax-sim sweep --seeds 10 --grid client_lr=0.01,0.03,0.1 --grid mu=0,0.01 [run flags]
+
+Every `run` flag is accepted (`SweepConfig` extends `cli.RunConfig`); the partition is fixed
+by `--seed`, the runs use the keys `seed, seed+1, ..., seed+N-1` (so run 0 of a grid point is
+`fedjax-sim run` with the same flags). Writes `summary.csv/.md`, `best.json`, `sweep.png`
+(mean +- 95 % CI bands) and every run's history (`histories.json`, `runs.csv`) to `--out`.
+
+Grid names are the numeric run flags that name a concept (`client_lr`, `client_lr_decay`,
+`server_lr`, `mu`: `config.ALGORITHM_FLAGS`) and the algorithm's own numeric
+hyper-parameters (`momentum`, `rho`, `beta`, ...); the values reach the factory as traced
+scalars (`config.algorithm_kwargs` builds everything else).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Collection, Sequence
+from typing import Annotated, Any
+
+import tyro
+
+from fedjax_sim import validate
+from fedjax_sim.config import (
+    RunConfig,
+    algorithm_kwargs,
+    build_run,
+    check_config,
+    hyper_parameters,
+)
+from fedjax_sim.validate import UsageError
+
+# numeric run flags that may be swept, and the hyper-parameter (concept) each sets
+GRID_FLAGS = {
+    "client_lr": "client_optimizer",
+    "client_lr_decay": "client_optimizer",
+    "server_lr": "server_optimizer",
+    "mu": "mu",
+}
+
+
+@dataclasses.dataclass
+class SweepConfig(RunConfig):
+    """Sweep seeds x a hyper-parameter grid of a run as one compiled program."""
+
+    seeds: int = 5
+    """Runs per grid point (keys seed, seed+1, ...; the partition stays that of --seed)."""
+    grid: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """Repeated: name=v1,v2,... (client_lr, server_lr, mu or any numeric keyword of the
+    algorithm, e.g. momentum, beta)."""
+    metric: str = "test_accuracy"
+    """Metric of the summary table and of the best configuration."""
+    at_round: int | None = None
+    """Round of the summary (default: the last evaluation)."""
+    runs_per_group: int | None = None
+    """Runs vmapped together (default: planned from the memory budget)."""
+    memory_budget_gb: float | None = None
+    """Memory budget of the run planner (default: half the available memory)."""
+    out: str = "results/sweep_{algorithm}_{dataset}"
+    """Results folder ({algorithm} and {dataset} are filled in)."""
+
+
+# ------------------------------------------------------------------------------ the grid
+def parse_grid(items: Sequence[str]) -> dict[str, list[float]]:
+    """`["client_lr=0.01,0.1", "mu=0"]` -> `{"client_lr": [0.01, 0.1], "mu": [0.0]}`
+    (UsageError on a malformed, empty, duplicate or non-numeric entry)."""
+    out: dict[str, list[float]] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise UsageError(f"--grid entries must look like name=v1,v2,..., got {item!r}")
+        if name in out:
+            raise UsageError(f"--grid {name} given twice")
+        parts = [p.strip() for p in raw.split(",") if p.strip()]
+        if not parts:
+            raise UsageError(f"--grid {name} has no values")
+        try:
+            values = [float(p) for p in parts]
+        except ValueError:
+            raise UsageError(f"--grid {name}: values must be numbers, got {raw!r}") from None
+        if not all(math.isfinite(v) for v in values):
+            raise UsageError(f"--grid {name}: values must be finite, got {raw!r}")
+        out[name] = values
+    return out
+
+
+def grid_kwargs(cfg: RunConfig, name: str, value: Any, hparams: dict[str, Any]) -> dict:
+    """Factory keyword arguments of grid hyper-parameter `name` = `value` (a float, or a
+    traced scalar inside the sweep): a run flag sets its concept as `run` does (`client_lr`
+    and `client_lr_decay` together make the client schedule), any other name is the
+    algorithm's keyword of that name."""
+    from fedjax_sim.schedules import round_decay
+
+    if name in ("client_lr", "client_lr_decay"):
+        lr = hparams.get("client_lr", cfg.client_lr)
+        decay = hparams.get("client_lr_decay", cfg.client_lr_decay)
+        if "client_lr_decay" not in hparams and cfg.client_lr_decay == 1.0:
+            return {"client_optimizer": lr}
+        return {"client_optimizer": round_decay(lr, decay)}
+    return {GRID_FLAGS.get(name, name): value}
+
+
+def check_grid(cfg: RunConfig, grid: dict[str, list[float]]) -> None:
+    """UsageError for a name `cfg.algorithm` does not have, a non-numeric hyper-parameter,
+    or a value the run command rejects (no compilation; before the data is loaded)."""
+    from fedjax_sim import algorithms
+
+    if cfg.algorithm not in algorithms.ALGORITHMS:
+        return  # reported by the run checks
+    takes = hyper_parameters(algorithms.ALGORITHMS[cfg.algorithm])
+    numeric = {
+        n for n, p in takes.items() if isinstance(p.default, int | float) and p.default is not True
+    }
+    known = sorted((numeric | {f for f, c in GRID_FLAGS.items() if c in takes}) - {"num_clients"})
+    everywhere = set(GRID_FLAGS).union(
+        *(hyper_parameters(f) for f in algorithms.ALGORITHMS.values())
+    )
+    for name, values in grid.items():
+        concept = GRID_FLAGS.get(name, name)
+        if name not in everywhere:
+            raise UsageError(f"--grid {name}: unknown hyper-parameter; sweepable: {known}")
+        if concept not in takes:
+            raise UsageError(
+                f"--grid {name}: {cfg.algorithm} does not use it; sweepable: {', '.join(known)}"
+            )
+        if name not in GRID_FLAGS and name not in known:
+            raise UsageError(f"--grid {name}: not a numeric hyper-parameter of {cfg.algorithm}")
+        if name in GRID_FLAGS:  # the run command's own checks of that flag (e.g. client_lr > 0)
+            for v in values:
+                try:
+                    validate.check_fields(dataclasses.replace(cfg, **{name: v}))
+                    check_config(dataclasses.replace(cfg, **{name: v}))
+                except UsageError as e:
+                    raise UsageError(f"--grid {name}={v:g}: {e}") from None
+
+
+# ------------------------------------------------------------------------------ building
+def build_sweep(
+    cfg: RunConfig, grid: dict[str, list[float]], explicit: Collection[str] | None = None
+):
+    """`(dataset, model, make_algorithm, client_map)`: the run of `cfg` (`config.build_run`)
+    whose grid hyper-parameters come from `make_algorithm(hparams)`. Every grid value is
+    first built statically, so the factories' own value checks run before compiling."""
+    from fedjax_sim import algorithms
+
+    dataset, model, _, client_map = build_run(cfg, None, explicit)
+    kwargs = algorithm_kwargs(cfg, explicit, data=dataset.train, client_map=client_map)
+    factory = algorithms.ALGORITHMS[cfg.algorithm]
+
+    def make_algorithm(hparams: dict[str, Any]):
+        args = dict(kwargs)
+        for name, value in hparams.items():
+            args.update(grid_kwargs(cfg, name, value, hparams))
+        return factory(model.loss, **args)
+
+    for name, values in grid.items():
+        for v in values:
+            try:
+                make_algorithm({name: v})
+            except (ValueError, TypeError) as e:
+                raise UsageError(f"--grid {name}={v:g}: {e}") from None
+    return dataset, model, make_algorithm, client_map
+
+
+# ------------------------------------------------------------------------------ command
+def sweep_command(cfg: SweepConfig, explicit: set[str] | None = None) -> int:
+    """`fedjax-sim sweep`: parse and check the grid, build the run, sweep, write results
+    (`explicit`: the flags the user set, as for `run`)."""
+    out_dir = validate.check_run(cfg)
+    grid = parse_grid(cfg.grid)
+    if cfg.seeds < 1:
+        raise UsageError(f"--seeds must be >= 1, got {cfg.seeds}")
+    if cfg.runs_per_group is not None and cfg.runs_per_group < 1:
+        raise UsageError(f"--runs-per-group must be >= 1, got {cfg.runs_per_group}")
+    if cfg.devices is not None or cfg.coordinator is not None:
+        raise UsageError("sweep runs on one device; drop --devices / multi-process flags")
+    try:
+        check_config(cfg)
+        check_grid(cfg, grid)
+        dataset, model, make_algorithm, client_map = build_sweep(cfg, grid, explicit)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        raise UsageError(str(e)) from e
+    from fedjax_sim.simulate import EvalSpec
+    from fedjax_sim.sweep import expand_grid, sweep
+
+    runs = expand_grid(range(cfg.seed, cfg.seed + cfg.seeds), grid)
+    print(
+        f"sweep of {cfg.algorithm} on {dataset.name}: {len(runs) // cfg.seeds} grid points x "
+        f"{cfg.seeds} seeds = {len(runs)} runs, {cfg.rounds} rounds, results -> {out_dir}",
+        flush=True,
+    )
+    budget = int(cfg.memory_budget_gb * 2**30) if cfg.memory_budget_gb else None
+    try:
+        result = sweep(
+            make_algorithm,
+            dataset.train,
+            seeds=range(cfg.seed, cfg.seed + cfg.seeds),
+            grid=grid,
+            model=model,
+            num_rounds=cfg.rounds,
+            test=dataset.test,
+            evaluation=EvalSpec(every=cfg.eval_every),
+            client_map=client_map,
+            runs_per_group=cfg.runs_per_group,
+            memory_budget_bytes=budget,
+            checkpoint_dir=os.path.join(out_dir, "checkpoints")
+            if (cfg.checkpoint_every or cfg.resume)
+            else None,
+            checkpoint_every=cfg.checkpoint_every,
+            resume=cfg.resume,
+            progress=cfg.progress,
+            meta={"config": dataclasses.asdict(cfg), "data": dataset.train.summary()},
+        )
+        result.values(cfg.metric, cfg.at_round)  # a bad --metric / --at-round: one line
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    result.save(out_dir, cfg.metric, cfg.at_round)
+    print(result.table(cfg.metric, cfg.at_round), end="")
+    best = result.best(cfg.metric, cfg.at_round)
+    print(
+        f"best: {best['config']} ({cfg.metric} {best['mean']:.4f}, 95% CI "
+        f"[{best['ci95_low']:.4f}, {best['ci95_high']:.4f}]) after "
+        f"{result.meta['seconds']:.1f} s; results in {out_dir}/"
+    )
+    return 0
