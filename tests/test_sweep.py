@@ -57,7 +57,7 @@ def _algorithms(model, ds):
     return {
         "fedavg": fedavg(model.loss, client_optimizer=0.1, local=L, cohort=CohortSpec(size=4)),
         "scaffold": scaffold(
-            model.loss, num_clients=12, client_lr=0.1, local=L, cohort=CohortSpec(size=4)
+            model.loss, num_clients=12, client_optimizer=0.1, local=L, cohort=CohortSpec(size=4)
         ),
         "fedbuff": fedbuff(
             model.loss, num_clients=12, firing_probability=0.3, client_optimizer=0.1, local=L
@@ -86,7 +86,7 @@ def test_sweep_run_r_equals_the_single_run(setup, name):
         single = _single(alg, ds, model, run.seed, spec=spec)
         _same(vmapped.histories[run.index], single, **VMAP_TOL)
     if name == "scaffold":  # per-client state is stacked [R, C, ...]
-        assert jax.tree.leaves(vmapped.states.client_controls)[0].shape[:2] == (2, 12)
+        assert jax.tree.leaves(vmapped.states.rows["control_variates"])[0].shape[:2] == (2, 12)
 
 
 def test_chunked_sweep_equals_unchunked(setup):
@@ -222,11 +222,11 @@ def test_outputs_checkpoint_resume_and_untraceable_factory(setup, tmp_path):
     for h1, h2 in zip(full.histories, resumed.histories, strict=True):
         _same(h1, h2)
     with pytest.raises(ValueError, match="traced hyper-parameters"):
-        sweep(
-            lambda hp: fedprox(model.loss, mu=hp["mu"], local=L),
+        sweep(  # a static hyper-parameter (the length of the local scan) cannot be traced
+            lambda hp: fedprox(model.loss, local=LocalSpec(steps=int(hp["steps"]))),
             ds.train,
             seeds=1,
-            grid={"mu": [0.1]},
+            grid={"steps": [2.0]},
             model=model,
             num_rounds=1,
             progress=False,
