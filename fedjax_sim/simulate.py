@@ -174,6 +174,24 @@ class EvalSpec:
 
 
 # ------------------------------------------------------------------------------ runner
+def check_run_args(
+    num_rounds: int,
+    evaluation: EvalSpec,
+    checkpoint_every: int | None,
+    resume: bool,
+    checkpoint_dir: str | None,
+) -> None:
+    """The argument checks shared by `simulate` and `sweep`."""
+    if num_rounds < 1:
+        raise ValueError(f"num_rounds must be >= 1, got {num_rounds}")
+    if evaluation.every < 1:
+        raise ValueError(f"evaluation.every must be >= 1, got {evaluation.every}")
+    if checkpoint_every is not None and checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
+    if (checkpoint_every or resume) and not checkpoint_dir:
+        raise ValueError("checkpoint_every/resume need a checkpoint_dir")
+
+
 def simulate(
     algorithm: Algorithm,
     data: FederatedData,
@@ -225,14 +243,7 @@ def simulate(
       Interrupted: Ctrl-C (a KeyboardInterrupt), after saving a checkpoint if possible.
       CheckpointError: the checkpoint to resume from is unusable.
     """
-    if num_rounds < 1:
-        raise ValueError(f"num_rounds must be >= 1, got {num_rounds}")
-    if evaluation.every < 1:
-        raise ValueError(f"evaluation.every must be >= 1, got {evaluation.every}")
-    if checkpoint_every is not None and checkpoint_every < 1:
-        raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
-    if (checkpoint_every or resume) and not checkpoint_dir:
-        raise ValueError("checkpoint_every/resume need a checkpoint_dir")
+    check_run_args(num_rounds, evaluation, checkpoint_every, resume, checkpoint_dir)
 
     if params is None:
         params = model.init(jax.random.fold_in(key, INIT_PURPOSE))

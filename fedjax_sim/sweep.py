@@ -48,6 +48,7 @@ from fedjax_sim.simulate import (
     EvalSpec,
     _compiled_evaluator,
     _next_multiple,
+    check_run_args,
 )
 
 HParams = dict[str, jax.Array]
@@ -497,14 +498,7 @@ def sweep(
     Returns the `SweepResult` (histories per run; a run whose model became NaN/Inf keeps
     running and has `meta["nonfinite_round"]` set, the other runs are unaffected).
     """
-    if num_rounds < 1:
-        raise ValueError(f"num_rounds must be >= 1, got {num_rounds}")
-    if evaluation.every < 1:
-        raise ValueError(f"evaluation.every must be >= 1, got {evaluation.every}")
-    if checkpoint_every is not None and checkpoint_every < 1:
-        raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
-    if (checkpoint_every or resume) and not checkpoint_dir:
-        raise ValueError("checkpoint_every/resume need a checkpoint_dir")
+    check_run_args(num_rounds, evaluation, checkpoint_every, resume, checkpoint_dir)
     if runs_per_group is not None and runs_per_group < 1:
         raise ValueError(f"runs_per_group must be >= 1, got {runs_per_group}")
     runs = expand_grid(seeds, dict(grid or {}))

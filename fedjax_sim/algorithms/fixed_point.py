@@ -37,6 +37,7 @@ possible through `cohort` (not in the paper; non-sending clients keep their erro
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import jax
@@ -194,8 +195,8 @@ def fixed_point(
 
 
 # ------------------------------------------------------------------------------ named algorithms
-def _compressor(compressor: Compressor | str, fraction: float) -> Compressor:
-    if not isinstance(compressor, str):
+def _compressor(compressor: Compressor | str | None, fraction: float) -> Compressor | None:
+    if compressor is None or not isinstance(compressor, str):
         return compressor
     if compressor in ("top_k", "random_k"):
         return make(compressor, fraction=fraction)
@@ -225,11 +226,21 @@ FIXED_POINT = dict(
 
 
 @preset(fixed=("weight_decay",), **FIXED_POINT)
-def fp_fedavg(loss_fn: LossFn, *, divide_by_T: bool = True, options: Options) -> Algorithm:
+def fp_fedavg(
+    loss_fn: LossFn,
+    *,
+    divide_by_T: bool = True,
+    compressor: Compressor | str | None = None,
+    compression_fraction: float = 0.01,
+    options: Options,
+) -> Algorithm:
     """Full-precision FedAvg of Beikmohammadi et al. (Alg. 1): T = local.steps SGD steps with
-    lr s_k/T (or s_k); `client_optimizer` is the step size s_k (a float or a schedule)."""
+    lr s_k/T (or s_k); `client_optimizer` is the step size s_k (a float or a schedule). With
+    a `compressor` (a `compression` compressor or its name; top-k / random-k keep
+    `compression_fraction`): Alg. 2, error feedback with per-client memory (`num_clients`)
+    around `aggregator` (the mean by default) — `ef_fedavg`."""
     op = _sgd_operator(options.local, divide_by_T, "fp_fedavg")
-    return _operator_algorithm(loss_fn, op, options, None)
+    return _operator_algorithm(loss_fn, op, options, _compressor(compressor, compression_fraction))
 
 
 @preset(fixed=("local", "weight_decay"), **FIXED_POINT)
@@ -241,46 +252,17 @@ def fp_fedprox(
     batch_size: int | None = 64,
     cap_inner_lr: bool = True,
     exact: bool = False,
+    compressor: Compressor | str | None = None,
+    compression_fraction: float = 0.01,
     options: Options,
 ) -> Algorithm:
     """Full-precision FedProx of Beikmohammadi et al. (Alg. 1): one prox_{s_k F_i(.; xi)} per
     round with s_k = `client_optimizer` (inner GD solver, or `exact=True` closed form for
-    quadratic losses)."""
-    op = _prox_operator(inner_steps, inner_lr, batch_size, cap_inner_lr, exact)
-    return _operator_algorithm(loss_fn, op, options, None)
-
-
-@preset(fixed=("weight_decay",), **FIXED_POINT)
-def ef_fedavg(
-    loss_fn: LossFn,
-    *,
-    num_clients: int,
-    compressor: Compressor | str = "top_k",
-    compression_fraction: float = 0.01,
-    divide_by_T: bool = True,
-    options: Options,
-) -> Algorithm:
-    """Error-feedback FedAvg (Alg. 2 of Beikmohammadi et al.): compressed (top-1% by default)
-    uploads with per-client error memory (around `aggregator`, the mean by default)."""
-    op = _sgd_operator(options.local, divide_by_T, "ef_fedavg")
-    return _operator_algorithm(loss_fn, op, options, _compressor(compressor, compression_fraction))
-
-
-@preset(fixed=("local", "weight_decay"), **FIXED_POINT)
-def ef_fedprox(
-    loss_fn: LossFn,
-    *,
-    num_clients: int,
-    compressor: Compressor | str = "top_k",
-    compression_fraction: float = 0.01,
-    inner_steps: int = 30,
-    inner_lr: float = 0.1,
-    batch_size: int | None = 64,
-    cap_inner_lr: bool = True,
-    exact: bool = False,
-    options: Options,
-) -> Algorithm:
-    """Error-feedback FedProx (Alg. 2 of Beikmohammadi et al.): one prox per round, compressed
-    (top-1% by default) uploads with per-client error memory."""
+    quadratic losses). With a `compressor`: Alg. 2, error feedback — `ef_fedprox`."""
     op = _prox_operator(inner_steps, inner_lr, batch_size, cap_inner_lr, exact)
     return _operator_algorithm(loss_fn, op, options, _compressor(compressor, compression_fraction))
+
+
+# Alg. 2 of Beikmohammadi et al.: the paper's top-1% uploads with error feedback
+ef_fedavg = functools.partial(fp_fedavg, compressor="top_k")
+ef_fedprox = functools.partial(fp_fedprox, compressor="top_k")
