@@ -117,78 +117,30 @@ ax2.set(xlabel="round", ylabel="test accuracy")
 plt.show()
 
 # %% [markdown]
-# ## A new algorithm in twenty lines
-# The shared machinery in `fedjax_sim.algorithms.core` does the work: `CohortSpec.sample`
-# draws the cohort, `local_train` runs one client's local steps (a `lax.scan`), `map_cohort`
-# maps a client function over the cohort and averages its first output, `server_update`
-# applies any optax server optimizer to the averaged update. Here: FedAvg whose client updates
-# are clipped to norm `clip` before averaging (the core of differentially private FedAvg).
+# ## A new algorithm from parts
+# An algorithm is composed from parts (`fedjax_sim.algorithms.compose`): local-step hooks,
+# client work, an aggregator, an optax server optimizer and a cohort; every named algorithm
+# takes all of them. FedAvg whose client updates are clipped to norm `clip` before averaging
+# (the core of differentially private FedAvg) is FedAvg with the `clipped` aggregator; the
+# same line clips SCAFFOLD, FedProx or FedMIM.
 
 # %%
-import optax
-from flax import struct
-
-from fedjax_sim.algorithms import Algorithm
-from fedjax_sim.algorithms.core import (
-    COHORT,
-    LOCAL,
-    client_key,
-    local_train,
-    map_cohort,
-    round_key,
-    server_update,
-    tree_norm,
-    tree_scale,
-    tree_sub,
-)
+from fedjax_sim.algorithms.compose import clipped
 
 
-@struct.dataclass
-class ClippedState:
-    params: dict  # global model
-    opt_state: tuple  # server optimizer state
-    round: jax.Array  # [] int32
-
-
-def clipped_fedavg(loss_fn, *, clip=1.0, client_lr=0.1, local=LocalSpec(), cohort=CohortSpec()):
+def clipped_fedavg(loss_fn, *, clip=1.0, **options):
     """FedAvg with client updates clipped to norm `clip` before averaging."""
-    server_opt = optax.sgd(1.0)
-
-    def init(params, key):
-        return ClippedState(params, server_opt.init(params), jnp.int32(0))
-
-    def step(state, data, key):
-        ids, weights = cohort.sample(round_key(key, state.round, COHORT), data.counts)
-        local_key = round_key(key, state.round, LOCAL)
-
-        def client_fn(cid):  # one client; map_cohort maps it over the cohort
-            result = local_train(
-                state.params, data.client(cid), client_key(local_key, cid),
-                loss_fn=loss_fn, optimizer=optax.sgd(client_lr),
-                max_steps=local.steps, batch_size=local.batch_size,
-            )  # fmt: skip
-            delta = tree_sub(result.params, state.params)
-            norm = tree_norm(delta)
-            clipped = tree_scale(delta, jnp.minimum(1.0, clip / jnp.maximum(norm, 1e-12)))
-            return (clipped, result.loss), norm  # (averaged, stacked [M])
-
-        out = map_cohort(client_fn, ids, weights)
-        mean_delta, train_loss = out.mean
-        params, opt_state = server_update(state.params, mean_delta, server_opt, state.opt_state)
-        metrics = {"train_loss": train_loss, "clipped_fraction": jnp.mean(out.outputs > clip)}
-        return ClippedState(params, opt_state, state.round + 1), metrics
-
-    return Algorithm(init, step)
+    return fedjax_sim.fedavg(loss_fn, aggregator=clipped(clip), **options)
 
 
 # %% [markdown]
-# With `clip = inf` nothing is clipped and the new algorithm must be FedAvg exactly (same
+# With a huge `clip` nothing is clipped and the new algorithm must be FedAvg exactly (same
 # keys, same cohorts, same minibatches) -- a quick check that it is right. Then compare a few
 # clipping norms.
 
 # %%
 spec = dict(local=LocalSpec(steps=10, batch_size=16), cohort=CohortSpec(size=10))
-unclipped = clipped_fedavg(model.loss, clip=float("inf"), **spec)
+unclipped = clipped_fedavg(model.loss, clip=1e9, **spec)
 s_new, _ = jax.jit(unclipped.step)(unclipped.init(model.init(key), key), train, key)
 gap = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), s_new.params, state1.params)
 print("largest difference to FedAvg after one round:", max(jax.tree.leaves(gap)))
@@ -203,8 +155,7 @@ for clip in CLIPS:
         progress=False,
     )  # fmt: skip
     r, a = h.eval_series("test_accuracy")
-    clipped = h.metric("clipped_fraction").mean()
-    ax.plot(r, a, "o-", label=f"clip={clip} ({clipped:.0%} of updates clipped)")
+    ax.plot(r, a, "o-", label=f"clip={clip}")
 ax.set(xlabel="round", ylabel="test accuracy")
 ax.legend()
 plt.show()
@@ -213,7 +164,8 @@ plt.show()
 # ## Next
 # - Register your algorithm with `fedjax_sim.algorithms.register("name", factory)` to run it
 #   from the command line (`fedjax-sim run --algorithm name --hparams clip=0.3`); see the
-#   guide *Write your own algorithm* in the documentation (`docs/`).
+#   guide *Write your own algorithm* in the documentation (`docs/`) for new hooks and
+#   presets.
 # - [02_async](https://colab.research.google.com/github/fedjax-sim/fedjax_sim/blob/main/colab/02_async.ipynb):
 #   the asynchronous event engine (AREA vs FedBuff vs AS-FedAvg).
 # - [03_throughput](https://colab.research.google.com/github/fedjax-sim/fedjax_sim/blob/main/colab/03_throughput.ipynb):

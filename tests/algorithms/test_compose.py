@@ -186,3 +186,12 @@ def test_presets_refuse_unknown_and_fixed_arguments():
         fedavg(loss, client_optimizer=float("nan"))
     with pytest.raises(ValueError, match="num_clients"):
         scaffold(loss, num_clients=0)
+
+
+def test_every_preset_is_exported_from_the_top_level_package():
+    import fedjax_sim
+    from fedjax_sim.algorithms import ALGORITHMS
+
+    for name, factory in ALGORITHMS.items():
+        assert getattr(fedjax_sim, name) is factory, name
+        assert name in fedjax_sim.__all__
