@@ -1,34 +1,40 @@
-"""Which registered algorithms accept traced numeric hyper-parameters (issue 22 -> 18)?
+"""Which registered algorithms accept traced numeric hyper-parameters (issues 18 / 22)?
 
-For every algorithm and every numeric keyword it accepts (plus the CLI's client_lr /
-server_lr, mapped by `sweep_cli.grid_kwargs`), builds the sweep's `make_algorithm` and
-traces one run's init and step with that hyper-parameter as a tracer (`sweep.abstract_run`,
-no compilation). Output: benchmarks/results/issue22/traced_hparams_scan.txt
+For every algorithm and every numeric keyword it accepts (plus the sweepable run flags
+`client_lr`, `server_lr`, `mu`, mapped by `sweep_cli.grid_kwargs`), builds the sweep's
+`make_algorithm` and traces one run's init and step with that hyper-parameter as a tracer
+(`sweep.abstract_run`, no compilation). Output: benchmarks/results/traced_hparams_scan.txt
 
-    PYTHONPATH=$PWD nice -n 10 python benchmarks/traced_hparams_scan.py
+    PYTHONPATH=$PWD nice -n 10 python benchmarks/traced_hparams_scan.py \
+        > benchmarks/results/traced_hparams_scan.txt
 """
 
 import dataclasses
 import inspect
 
 from fedjax_sim import algorithms
-from fedjax_sim.cli import RunConfig
+from fedjax_sim.config import RunConfig, hyper_parameters
 from fedjax_sim.sweep import abstract_run
-from fedjax_sim.sweep_cli import _known_names, build_sweep, grid_kwargs
+from fedjax_sim.sweep_cli import GRID_FLAGS, build_sweep
 
-SKIP = ("client_optimizer", "server_optimizer", "learning_rate", "batch_size", "inner_steps")
-known = _known_names()
+STATIC = ("batch_size", "inner_steps", "num_clients", "k", "buffer_size")  # shapes / counts
 cfg0 = RunConfig(num_clients=20, cohort_size=5, local_steps=2)
 for alg in sorted(algorithms.ALGORITHMS):
     cfg = dataclasses.replace(cfg0, algorithm=alg)
-    acc = algorithms.accepted_kwargs(alg) or set()
-    names = sorted(n for n in known if set(grid_kwargs(cfg, n, 0.1)) & acc and n not in SKIP)
+    takes = hyper_parameters(algorithms.ALGORITHMS[alg])
+    numeric = [
+        n
+        for n, p in takes.items()
+        if isinstance(p.default, int | float) and not isinstance(p.default, bool)
+    ]
+    flags = [f for f, c in GRID_FLAGS.items() if c in takes and f != "client_lr_decay"]
+    names = sorted(set(numeric + flags) - set(STATIC))
     ok, bad = [], []
     for n in names:
         d = inspect.signature(algorithms.ALGORITHMS[alg]).parameters.get(n)
         v = d.default if d is not None and isinstance(d.default, float) and d.default > 0 else 0.1
         try:
-            ds, model, make, _ = build_sweep(cfg, {n: [v]})
+            ds, model, make, _ = build_sweep(cfg, {n: [v]}, explicit=set())
             abstract_run(make, model, ds.train, {n: v})
             ok.append(n)
         except Exception as e:

@@ -360,4 +360,10 @@ def algorithm_kwargs(
                 f"--hparams {name} not accepted by {cfg.algorithm}; it takes {sorted(accepted)}"
             )
         kwargs[name] = _check_hparam(cfg.algorithm, name, value, accepted[name])
+    if "graph" in accepted and kwargs.get("data") is not None and "graph" not in kwargs:
+        # FedLPS' similarity graph, computed once on the host (not again inside a sweep's trace)
+        from fedjax_sim.algorithms.similarity import graph_from_data
+
+        method = kwargs.get("message_method", "auto")
+        kwargs["graph"] = graph_from_data(kwargs.pop("data"), method=method)
     return kwargs

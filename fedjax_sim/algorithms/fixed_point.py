@@ -141,9 +141,12 @@ def exact_prox(batch_size: int | None = None) -> LocalOperator:
 
 
 def as_schedule(step_size: StepSize) -> Schedule:
-    """A float is a constant schedule."""
+    """A float is a constant schedule (a traced scalar too: sweeps over the step size)."""
     if isinstance(step_size, (int, float)):
         return constant(float(step_size))
+    if isinstance(step_size, jax.Array) and step_size.ndim == 0:
+        positive("step size", step_size)
+        return lambda count: jnp.full(jnp.shape(count), step_size)
     if not callable(step_size):
         raise ValueError(f"step size must be a float or a schedule, got {step_size!r}")
     return step_size
