@@ -296,10 +296,10 @@ def simulate_streamed(
             q.put(e)
 
     def do_eval(round_: int, state: Any) -> dict[str, float]:
-        if evaluate is None:
-            return {}
-        values = {k: float(v) for k, v in evaluate(state.params, test).items()}
-        history.append_eval(round_, values)
+        values = {}
+        if evaluate is not None:
+            values = {k: float(v) for k, v in evaluate(state.params, test).items()}
+        history.append_eval(round_, values)  # as `simulate`: a row per evaluation point
         return values
 
     bar = _progress(progress, num_rounds, 0)
