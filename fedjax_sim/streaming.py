@@ -246,9 +246,7 @@ def simulate_streamed(
     state = algorithm.init(params, key)
     counts_dev = None
     if plan.exact:
-        counts_dev = (
-            jnp.asarray(host_counts) if host_counts is not None else source.all_counts()
-        )
+        counts_dev = jnp.asarray(host_counts) if host_counts is not None else source.all_counts()
     rows = _Rows(population=source) if isinstance(source, Population) else _Rows(source.decode)
     chunk = max(1, min(num_rounds, evaluation.every))
     run_chunk = _compiled_stream_chunk(algorithm, chunk, rows, num_classes, plan.exact)
@@ -353,17 +351,13 @@ def _compiled_stream_chunk(
         def advance(state, host_t, ids_t):
             x, y, cohort_counts = rows(host_t, ids_t)
             if exact:
-                view = CohortData(
-                    x=x, y=y, counts=counts, slot_ids=ids_t, num_classes=num_classes
-                )
+                view = CohortData(x=x, y=y, counts=counts, slot_ids=ids_t, num_classes=num_classes)
             else:
                 view = FederatedData(x=x, y=y, counts=cohort_counts, num_classes=num_classes)
             state, metrics = algorithm.step(state, view, key)
             return state, {**metrics, "params_finite": tree_all_finite(state.params)}
 
-        out_shape = jax.eval_shape(
-            advance, state, jax.tree.map(lambda a: a[0], host), ids[0]
-        )[1]
+        out_shape = jax.eval_shape(advance, state, jax.tree.map(lambda a: a[0], host), ids[0])[1]
 
         def body(state, xs):
             i, host_t, ids_t = xs

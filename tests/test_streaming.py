@@ -82,8 +82,15 @@ def test_disk_store_uint8_equals_on_device(tmp_path):
         return x, y, counts[ids]
 
     store = write_client_store(
-        str(tmp_path / "pop"), 40, 8, (12,), fill, num_classes=3, dequantize=1 / 255,
-        block=16, progress=False,
+        str(tmp_path / "pop"),
+        40,
+        8,
+        (12,),
+        fill,
+        num_classes=3,
+        dequantize=1 / 255,
+        block=16,
+        progress=False,
     )
     assert store.rows.on_disk and isinstance(store.decode, Dequantize)
     np.testing.assert_array_equal(store.counts, counts)
@@ -92,7 +99,9 @@ def test_disk_store_uint8_equals_on_device(tmp_path):
     cohort = CohortSpec(size=9)
     alg = fedavg(model.loss, local=LOCAL, cohort=cohort)
     key = jax.random.key(2)
-    kw = dict(model=model, num_rounds=4, evaluation=EvalSpec(every=2, clients=False), progress=False)
+    kw = dict(
+        model=model, num_rounds=4, evaluation=EvalSpec(every=2, clients=False), progress=False
+    )
     h1 = simulate(alg, data, key, **kw)
     h2 = simulate_streamed(alg, store, key, plan=AlgorithmCohorts(cohort, counts), **kw)
     _same(h1, h2)
@@ -109,7 +118,9 @@ def test_procedural_equals_materialized_and_bench_data():
     cohort = CohortSpec(size=5)
     alg = fedavg(model.loss, local=LOCAL, cohort=cohort)
     key = jax.random.key(0)
-    kw = dict(model=model, num_rounds=4, evaluation=EvalSpec(every=4, clients=False), progress=False)
+    kw = dict(
+        model=model, num_rounds=4, evaluation=EvalSpec(every=4, clients=False), progress=False
+    )
     plan = AlgorithmCohorts(cohort, np.asarray(data.counts))
     _same(simulate(alg, data, key, **kw), simulate_streamed(alg, pop, key, plan=plan, **kw))
 
@@ -134,8 +145,14 @@ def test_missing_cohort_id_fails_loudly(digits):
     wrong = AlgorithmCohorts(CohortSpec(size=3), store.counts)  # not the algorithm's cohort
     with pytest.raises(NonFiniteError, match="cohort plan"):
         simulate_streamed(
-            alg, store, jax.random.key(0), plan=wrong, model=model, num_rounds=2,
-            evaluation=EvalSpec(every=1, clients=False), progress=False,
+            alg,
+            store,
+            jax.random.key(0),
+            plan=wrong,
+            model=model,
+            num_rounds=2,
+            evaluation=EvalSpec(every=1, clients=False),
+            progress=False,
         )
 
 
@@ -148,8 +165,14 @@ def test_billion_client_procedural_population_runs_in_cohort_memory():
     assert ids.shape == (3, 16) and all(len(set(r)) == 16 for r in ids) and ids.max() < 10**9
     np.testing.assert_array_equal(ids, plan.cohorts(jax.random.key(0), 0, 3))  # pure
     h = simulate_streamed(
-        alg, pop, jax.random.key(0), plan=plan, model=model, num_rounds=3,
-        evaluation=EvalSpec(every=3, clients=False), progress=False,
+        alg,
+        pop,
+        jax.random.key(0),
+        plan=plan,
+        model=model,
+        num_rounds=3,
+        evaluation=EvalSpec(every=3, clients=False),
+        progress=False,
     )
     assert np.isfinite(h.metric("train_loss")).all() and h.metrics["participants"] == [16] * 3
 
@@ -171,6 +194,10 @@ def test_host_store_gather_scatter_and_errors(tmp_path):
         model = mlp(digits.feature_shape, 10, hidden=(4,))
         simulate_streamed(
             fedavg(model.loss, cohort=CohortSpec(size=2)),
-            ClientStore.from_federated(digits.train), jax.random.key(0),
-            plan=UniformCohorts(6, 2), model=model, num_rounds=1, progress=False,
+            ClientStore.from_federated(digits.train),
+            jax.random.key(0),
+            plan=UniformCohorts(6, 2),
+            model=model,
+            num_rounds=1,
+            progress=False,
         )

@@ -154,9 +154,7 @@ class Population:
     def materialize(self) -> FederatedData:
         """The whole population as on-device `FederatedData` (small populations only)."""
         x, y = jax.jit(self.rows)(jnp.arange(self.num_clients, dtype=jnp.int32))
-        return FederatedData(
-            x=x, y=y, counts=self.all_counts(), num_classes=self.num_classes
-        )
+        return FederatedData(x=x, y=y, counts=self.all_counts(), num_classes=self.num_classes)
 
 
 @functools.partial(jax.jit, static_argnums=0)
