@@ -4,7 +4,11 @@
 - `map`: `lax.scan` over chunks of `batch_size` clients, each chunk vmapped. Bounds memory to
   `batch_size` model copies and is faster on CPU (see `../shared/notes/measured_facts.md`:
   vmap over 1000 MLP clients streams 1000 parameter copies through memory every step).
-- `auto` (default): `vmap` on accelerators, `map` with `batch_size=8` on CPU.
+- `auto` (default): measured. The first time a per-client function of a given structure and
+  cohort size is mapped on a backend, `fedjax_sim.autotune` times `map` with chunks of 1, 2,
+  4, 8, 16 and `vmap` and caches the fastest on disk (keyed by the function's jaxpr, shapes,
+  backend, device kind and jax version). With `FEDJAX_SIM_AUTOTUNE=0` (the test suite) or a
+  `batch_size` given: `vmap` on accelerators, `map` with `batch_size` (default 8) on CPU.
 
 `fit_client_map(cohort, per_client_bytes, budget_bytes)` picks a concrete mode and chunk
 for a memory budget (a small heuristic, documented on the function); `ClientMap("auto")`
@@ -115,10 +119,25 @@ class ClientMap:
         bs = self.batch_size or CPU_DEFAULT_BATCH
         return "map", max(1, min(bs, num))
 
+    def _measured(self, fn: Callable[..., Any], xs: tuple, reduce: bool) -> ClientMap | None:
+        """With `mode="auto"` (no mesh, measuring on): the measured-and-cached concrete map
+        (`fedjax_sim.autotune`); None otherwise."""
+        if self.mode != "auto" or self.mesh is not None or self.batch_size is not None:
+            return None
+        from fedjax_sim import autotune
+
+        if not autotune.enabled() or _leading(xs) < 2:
+            return None
+        mode, bs = autotune.choose(fn, xs, reduce)
+        return ClientMap(mode, bs)
+
     def map(self, fn: Callable[..., Any], *xs: Any) -> Any:
         """`[fn(*x_i) for i]`, stacked on axis 0."""
         if self.mesh is not None:
             return self._sharded(fn, xs, reduce=False)
+        measured = self._measured(fn, xs, reduce=False)
+        if measured is not None:
+            return measured.map(fn, *xs)
         num = _leading(xs)
         mode, bs = self.resolve(num)
         if mode == "vmap" or bs >= num:
@@ -129,6 +148,9 @@ class ClientMap:
         """For `fn(*x_i) -> (summand_i, out_i)`: `(sum_i summand_i, stacked out_i)`."""
         if self.mesh is not None:
             return self._sharded(fn, xs, reduce=True)
+        measured = self._measured(fn, xs, reduce=True)
+        if measured is not None:
+            return measured.map_sum(fn, *xs)
         num = _leading(xs)
         mode, bs = self.resolve(num)
         vfn = jax.vmap(fn)
