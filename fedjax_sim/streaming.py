@@ -181,6 +181,7 @@ class StreamStats:
     first_chunk_seconds: float = 0.0  # data of the first chunk (cannot overlap anything)
     bytes_sent: int = 0
     chunks: int = 0
+    chunk_seconds: list[float] = dataclasses.field(default_factory=list)  # wall, incl. stalls
 
     @property
     def overlap(self) -> float:
@@ -327,6 +328,7 @@ def simulate_streamed(
                 )
             state = new_state
             stats.chunks += 1
+            stats.chunk_seconds.append(time.perf_counter() - t_wait)  # incl. waiting for data
             values = do_eval(r1, state) if r1 % evaluation.every == 0 or r1 == num_rounds else {}
             if bar is not None:
                 bar.update(r1 - bar.n)

@@ -141,14 +141,19 @@ class HostStore:
         return cls(arrays, path)
 
     @classmethod
-    def open(cls, path: str, mode: str = "r") -> HostStore:
-        """Opens a store written by `create` (memory-mapped, read-only by default)."""
+    def open(cls, path: str, mode: str = "r", num_clients: int | None = None) -> HostStore:
+        """Opens a store written by `create` (memory-mapped, read-only by default); with
+        `num_clients`, only its first `num_clients` clients (a smaller population)."""
         meta_file = os.path.join(path, STORE_META)
         if not os.path.exists(meta_file):
             raise FileNotFoundError(f"no client store at {path!r} (missing {STORE_META})")
         with open(meta_file) as f:
             info = json.load(f)
         c = int(info["num_clients"])
+        if num_clients is not None:
+            if not 1 <= num_clients <= c:
+                raise ValueError(f"the store at {path!r} has {c} clients, asked for {num_clients}")
+            c = num_clients
         arrays = {
             name: np.memmap(
                 os.path.join(path, f"{name}.bin"),
@@ -243,11 +248,16 @@ class ClientStore:
         return cls(rows, np.asarray(data.counts), data.num_classes, decode)
 
     @classmethod
-    def open(cls, path: str, decode: Callable[[jax.Array], jax.Array] | None = None) -> ClientStore:
-        """Opens an on-disk store written by `write_client_store` (memory-mapped)."""
-        store = HostStore.open(path)
-        counts_file = os.path.join(path, "counts.npy")
-        counts = np.load(counts_file)
+    def open(
+        cls,
+        path: str,
+        decode: Callable[[jax.Array], jax.Array] | None = None,
+        num_clients: int | None = None,
+    ) -> ClientStore:
+        """Opens an on-disk store written by `write_client_store` (memory-mapped); with
+        `num_clients`, its first `num_clients` clients."""
+        store = HostStore.open(path, num_clients=num_clients)
+        counts = np.load(os.path.join(path, "counts.npy"))[: store.num_clients]
         meta = getattr(store, "meta", {})
         if decode is None:
             scale = meta.get("dequantize")
