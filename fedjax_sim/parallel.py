@@ -266,3 +266,63 @@ def _leading(xs: Any) -> int:
 
 def _sum0(tree: Any) -> Any:
     return jax.tree.map(lambda a: jnp.sum(a, axis=0), tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class PopulationPlan:
+    """Where a population's data lives and how its cohorts are mapped (`fit_population`).
+
+    Attributes:
+      placement: "device" (`simulate`: the whole `[C, ...]` data on device) or "streamed"
+        (`fedjax_sim.streaming.simulate_streamed`: only the cohort rows in flight).
+      client_map: the cohort mapping that fits what is left (`fit_client_map`).
+      device_bytes: estimated resident bytes before the clients' working sets.
+    """
+
+    placement: Literal["device", "streamed"]
+    client_map: ClientMap
+    device_bytes: int
+
+
+def fit_population(
+    num_clients: int,
+    cohort: int,
+    *,
+    data_bytes_per_client: int,
+    per_client_bytes: int,
+    budget_bytes: int,
+    state_bytes_per_client: int = 0,
+    fixed_bytes: int = 0,
+    in_flight: int = 3,
+    backend: str | None = None,
+) -> PopulationPlan:
+    """On-device vs streamed data for `num_clients` clients with cohorts of `cohort`.
+
+    Resident bytes: on device, `C x (data + state rows) + fixed`; streamed, `in_flight x
+    cohort x data` (the chunk being computed plus the prefetched ones) `+ C x (state rows +
+    8)` (per-client state rows stay on device until the algorithm layer streams them; 8
+    bytes per client for the counts and the O(C) cohort draw) `+ fixed`. The data stay on
+    device whenever the mapped cohort still fits next to them (no copies per round);
+    otherwise they are streamed. Raises ValueError if neither fits."""
+    if min(num_clients, cohort, per_client_bytes) < 1 or data_bytes_per_client < 0:
+        raise ValueError("num_clients, cohort and per_client_bytes must be >= 1")
+    if cohort > num_clients:
+        raise ValueError(f"cohort {cohort} exceeds the population ({num_clients})")
+    on_device = num_clients * (data_bytes_per_client + state_bytes_per_client) + fixed_bytes
+    if budget_bytes - on_device >= per_client_bytes:
+        cmap = fit_client_map(cohort, per_client_bytes, budget_bytes - on_device, backend=backend)
+        return PopulationPlan("device", cmap, int(on_device))
+    streamed = (
+        in_flight * cohort * data_bytes_per_client
+        + num_clients * (state_bytes_per_client + 8)
+        + fixed_bytes
+    )
+    if budget_bytes - streamed < per_client_bytes:
+        raise ValueError(
+            f"neither placement fits {budget_bytes / 2**30:.2f} GiB: the data on device need "
+            f"{on_device / 2**30:.2f} GiB, streamed {streamed / 2**30:.2f} GiB "
+            f"(per-client state rows {num_clients * state_bytes_per_client / 2**30:.2f} GiB "
+            "stay on device) plus one client's working set"
+        )
+    cmap = fit_client_map(cohort, per_client_bytes, budget_bytes - streamed, backend=backend)
+    return PopulationPlan("streamed", cmap, int(streamed))

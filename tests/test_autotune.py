@@ -77,3 +77,17 @@ def test_auto_without_measuring_is_the_static_rule(monkeypatch):
     monkeypatch.setenv("FEDJAX_SIM_AUTOTUNE", "0")
     assert not autotune.enabled()
     assert ClientMap("auto").resolve(100) == ("map", 8)
+
+
+def test_fit_population_chooses_device_then_streamed():
+    from fedjax_sim.parallel import fit_population
+
+    kw = dict(data_bytes_per_client=1000, per_client_bytes=100, backend="gpu")
+    small = fit_population(1000, 10, budget_bytes=20_000_000, **kw)
+    assert small.placement == "device" and small.device_bytes == 1_000_000
+    assert small.client_map.mode == "vmap"
+    big = fit_population(10**6, 10, budget_bytes=20_000_000, **kw)  # 1 GB of data
+    assert big.placement == "streamed" and big.device_bytes == 3 * 10 * 1000 + 8 * 10**6
+    assert big.client_map.mode == "vmap"
+    with pytest.raises(ValueError, match="neither placement"):
+        fit_population(10**6, 10, budget_bytes=20_000_000, state_bytes_per_client=20, **kw)
