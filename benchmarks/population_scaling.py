@@ -169,8 +169,13 @@ CASES = [
 
 
 def run_all(args) -> None:
+    """Every case in its own process, `passes` times (forward then reverse order, so the
+    load of a shared machine hits every case alike); the summary takes the median."""
     results = []
-    for source, c in CASES:
+    order = []
+    for p in range(args.passes):
+        order += CASES if p % 2 == 0 else CASES[::-1]
+    for source, c in order:
         if args.only and source not in args.only:
             continue
         cmd = [
@@ -205,7 +210,36 @@ def run_all(args) -> None:
         )
         if args.out:
             with open(args.out, "w") as f:
-                json.dump({"cases": results, "cpu_count": os.cpu_count()}, f, indent=1)
+                json.dump({"cases": results, "summary": summarize(results)}, f, indent=1)
+    for row in summarize(results):
+        print(json.dumps(row), file=sys.stderr)
+
+
+def summarize(results: list[dict]) -> list[dict]:
+    """Per (source, clients): median s/round over passes, max peak RSS, median overlap."""
+    rows = []
+    for source, c in CASES:
+        rs = [r for r in results if (r["source"], r["clients"]) == (source, c) and "error" not in r]
+        if not rs:
+            continue
+        row = {
+            "source": source,
+            "clients": c,
+            "passes": len(rs),
+            "seconds_per_round": statistics.median(r["seconds_per_round"] for r in rs),
+            "all_round_seconds": [r["round_seconds"][1:] for r in rs],
+            "peak_rss_gib": max(r["peak_rss_gib"] for r in rs),
+        }
+        if source != "device":
+            row["prefetch_seconds_per_round"] = statistics.median(
+                r["prefetch_seconds_per_round"] for r in rs
+            )
+            row["stall_seconds_per_round"] = statistics.median(
+                r["stall_seconds_per_round"] for r in rs
+            )
+            row["overlap"] = statistics.median(r["streaming"]["overlap"] for r in rs)
+        rows.append(row)
+    return rows
 
 
 def main() -> None:
@@ -226,6 +260,7 @@ def main() -> None:
     a.add_argument("--store", default="/work/popstore")
     a.add_argument("--rounds", type=int, default=4)
     a.add_argument("--only", nargs="*")
+    a.add_argument("--passes", type=int, default=2)
     a.add_argument("--out")
     args = p.parse_args()
     {"write": write, "run": run, "all": run_all}[args.cmd](args)

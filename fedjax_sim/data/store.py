@@ -80,18 +80,43 @@ class HostStore:
         return ids.astype(np.int64)
 
     def gather(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        """`{name: a[ids]}` for `ids [K]` (any order; read sorted, returned in `ids` order)."""
+        """`{name: a[ids]}` for `ids [K]` (any order; read sorted, returned in `ids` order).
+        Rows of read-only on-disk arrays are read with `os.pread` into fresh buffers rather
+        than through the mapping: mapped pages would count in the process's resident set
+        (and the kernel maps 64 kB around every touched row)."""
         ids = self._check_ids(ids).reshape(-1)
         order = np.argsort(ids, kind="stable")
         sorted_ids = ids[order]
         out = {}
         for name, a in self.arrays.items():
-            rows = np.take(a, sorted_ids, axis=0)
+            if self.path is not None and isinstance(a, np.memmap) and a.mode == "r":
+                rows = self._pread(name, a, sorted_ids)
+            else:
+                rows = np.take(a, sorted_ids, axis=0)
             if not np.array_equal(order, np.arange(order.size)):
                 back = np.empty_like(rows)
                 back[order] = rows
                 rows = back
             out[name] = rows
+        return out
+
+    def _pread(self, name: str, a: np.memmap, sorted_ids: np.ndarray) -> np.ndarray:
+        """Rows `a[sorted_ids]` read from the file, one `pread` per run of consecutive ids."""
+        row = a.itemsize * int(np.prod(a.shape[1:]))
+        out = np.empty((sorted_ids.size, *a.shape[1:]), a.dtype)
+        buf = out.reshape(-1).view(np.uint8)
+        breaks = np.flatnonzero(np.diff(sorted_ids) != 1) + 1
+        starts = np.concatenate([[0], breaks])
+        ends = np.concatenate([breaks, [sorted_ids.size]])
+        fd = os.open(os.path.join(self.path, f"{name}.bin"), os.O_RDONLY)
+        try:
+            for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+                view = memoryview(buf[s * row : e * row])
+                got = os.preadv(fd, [view], int(sorted_ids[s]) * row)
+                if got != (e - s) * row:
+                    raise OSError(f"short read from {name}.bin: {got} of {(e - s) * row} bytes")
+        finally:
+            os.close(fd)
         return out
 
     def scatter(self, ids: np.ndarray, rows: dict[str, np.ndarray]) -> None:
