@@ -20,6 +20,7 @@ from fedjax_sim.history import History
 from fedjax_sim.models import Model
 from fedjax_sim.parallel import ClientMap
 from fedjax_sim.simulate import EvalSpec, NonFiniteError, simulate
+from fedjax_sim.streaming import simulate_streamed
 
 __version__ = "0.1.0"
 
@@ -44,4 +45,5 @@ __all__ = [
     "local_train",
     "models",
     "simulate",
+    "simulate_streamed",
 ]
