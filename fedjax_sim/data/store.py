@@ -382,9 +382,45 @@ class CohortData(FederatedData):
         raise NotImplementedError("a cohort view holds no per-client test split")
 
 
+@struct.dataclass
+class CohortRows:
+    """Per-client state rows of one round's cohort, addressed by real client ids: the
+    streamed counterpart of a `[C, ...]` state leaf (control variates, duals, memories).
+
+    `rows` is a pytree of `[M, ...]` arrays for the clients `slot_ids [M]` (sorted, as in
+    `CohortData`), gathered from a `HostStore` before the round and scattered back after
+    it. An algorithm that reads its per-client state with `gather(ids)` and writes it with
+    `scatter(ids, mask, values)` runs unchanged on `[C, ...]` arrays (`CohortRows` with
+    `slot_ids = arange(C)`) and on streamed rows.
+    """
+
+    rows: Any
+    slot_ids: Array
+
+    def _slots(self, ids: Array) -> Array:
+        m = self.slot_ids.shape[0]
+        return jnp.minimum(jnp.searchsorted(self.slot_ids, ids), m - 1).astype(jnp.int32)
+
+    def gather(self, ids: Array) -> Any:
+        """`[K, ...]` rows of clients `ids [K]` (each must be in `slot_ids`)."""
+        s = self._slots(ids)
+        return jax.tree.map(lambda r: r[s], self.rows)
+
+    def scatter(self, ids: Array, mask: Array, values: Any) -> CohortRows:
+        """Rows of clients `ids [K]` replaced by `values [K, ...]` where `mask [K]`."""
+        s = self._slots(ids)
+
+        def write(r, v):
+            keep = mask.reshape(-1, *([1] * (v.ndim - 1)))
+            return r.at[s].set(jnp.where(keep, v, r[s]))
+
+        return self.replace(rows=jax.tree.map(write, self.rows, values))
+
+
 __all__ = [
     "ClientStore",
     "CohortData",
+    "CohortRows",
     "Dequantize",
     "HostStore",
     "identity",
