@@ -58,6 +58,7 @@ class CohortPlan(Protocol):
     """The client ids each round reads, drawn ahead of the rounds."""
 
     size: int  # M, ids per round
+    num_clients: int  # C, the population the ids come from
     exact: bool  # the algorithm draws the same ids itself from the [C] counts
 
     def cohorts(self, key: jax.Array, start: int, num: int) -> np.ndarray:
@@ -81,7 +82,7 @@ class AlgorithmCohorts:
         cohort.check(counts.shape[0])
         self.cohort = cohort
         self.counts = jnp.asarray(counts)
-        c = counts.shape[0]
+        self.num_clients = c = int(counts.shape[0])
         self.size = c if cohort.size is None else cohort.size
 
     def cohorts(self, key: jax.Array, start: int, num: int) -> np.ndarray:
@@ -98,6 +99,7 @@ class EventCohorts:
 
     def __init__(self, events: Any):
         self.events = events
+        self.num_clients = int(events.num_clients)
         self.size = int(events.slots)
         self._state: Any = None
         self._next = 0
@@ -229,11 +231,7 @@ def simulate_streamed(
     if prefetch < 1:
         raise ValueError(f"prefetch must be >= 1, got {prefetch}")
     num_clients, num_classes, host_counts = _source_info(source)
-    plan_c = getattr(plan, "num_clients", None) or (
-        int(plan.counts.shape[0]) if hasattr(plan, "counts") else None
-    )
-    if plan_c is None and hasattr(plan, "events"):
-        plan_c = plan.events.num_clients
+    plan_c = getattr(plan, "num_clients", None)
     if plan_c is not None and plan_c != num_clients:
         raise ValueError(f"the cohort plan is for {plan_c} clients, the source has {num_clients}")
     if plan.exact and isinstance(source, Population) and num_clients > 2**27:
