@@ -23,6 +23,8 @@ Usage:
       --clients 100000 --rounds 4
   nice python benchmarks/population_scaling.py all --store /work/popstore \\
       --out benchmarks/results/population_scaling.json
+  nice python benchmarks/population_scaling.py pair --store /work/popstore \\
+      --out benchmarks/results/population_pairs.json
 """
 
 from __future__ import annotations
@@ -153,6 +155,71 @@ def run(args) -> dict:
     return out
 
 
+def pair(args) -> None:
+    """Device vs disk in ONE process, alternating blocks of rounds (same load for both):
+    per population size, `reps` x (3 device rounds, 4 streamed rounds of which the last 3
+    are timed: the first waits for its data, which nothing can hide)."""
+    import jax
+
+    from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg
+    from fedjax_sim.bench import workloads
+    from fedjax_sim.data.store import ClientStore
+    from fedjax_sim.models import mlp
+    from fedjax_sim.parallel import ClientMap
+    from fedjax_sim.simulate import EvalSpec, _compiled_chunk
+    from fedjax_sim.streaming import AlgorithmCohorts, simulate_streamed
+
+    key = jax.random.key(0)
+    model = mlp((DIM,), CLASSES, hidden=(200, 200))
+    cohort = CohortSpec(size=COHORT)
+    alg = fedavg(
+        model.loss,
+        client_optimizer=0.05,
+        local=LocalSpec(steps=10, batch_size=32),
+        cohort=cohort,
+        client_map=ClientMap("map", 1),
+    )
+    rows = []
+    for c in args.clients:
+        data = workloads.make_data(workloads.preset("W1").replace(clients=c, per_client=PER_CLIENT))
+        store = ClientStore.open(args.store, num_clients=c)
+        plan = AlgorithmCohorts(cohort, store.counts)
+        run_chunk = _compiled_chunk(alg, 1)
+        state = alg.init(model.init(key), key)
+        kw = dict(
+            plan=plan, model=model, evaluation=EvalSpec(every=1, clients=False), progress=False
+        )
+        jax.block_until_ready(run_chunk(state, data, key, 1))
+        simulate_streamed(alg, store, key, num_rounds=1, **kw)
+        dev, stream, prefetch, stall = [], [], [], []
+        for _ in range(args.reps):
+            for _ in range(3):
+                t0 = time.perf_counter()
+                state, m = run_chunk(state, data, key, 1)
+                jax.block_until_ready(m)
+                dev.append(time.perf_counter() - t0)
+            st = simulate_streamed(alg, store, key, num_rounds=4, **kw).meta["streaming"]
+            stream += st["chunk_seconds"][1:]
+            prefetch.append((st["prefetch_seconds"] - st["first_chunk_seconds"]) / 3)
+            stall.append(st["stall_seconds"] / 3)
+        row = {
+            "clients": c,
+            "device_seconds_per_round": statistics.median(dev),
+            "disk_seconds_per_round": statistics.median(stream),
+            "ratio": statistics.median(stream) / statistics.median(dev),
+            "prefetch_seconds_per_round": statistics.median(prefetch),
+            "stall_seconds_per_round": statistics.median(stall),
+            "device_rounds": [round(t, 3) for t in dev],
+            "disk_rounds": [round(t, 3) for t in stream],
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del data
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"pairs": rows}, f, indent=1)
+
+
 CASES = [
     ("device", 1000),
     ("device", 10_000),
@@ -262,8 +329,13 @@ def main() -> None:
     a.add_argument("--only", nargs="*")
     a.add_argument("--passes", type=int, default=2)
     a.add_argument("--out")
+    q = sub.add_parser("pair")
+    q.add_argument("--store", default="/work/popstore")
+    q.add_argument("--clients", type=int, nargs="*", default=[1000, 10_000, 100_000])
+    q.add_argument("--reps", type=int, default=3)
+    q.add_argument("--out")
     args = p.parse_args()
-    {"write": write, "run": run, "all": run_all}[args.cmd](args)
+    {"write": write, "run": run, "all": run_all, "pair": pair}[args.cmd](args)
 
 
 if __name__ == "__main__":
