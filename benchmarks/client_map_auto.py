@@ -59,6 +59,14 @@ def setup(name: str):
     return make, state, train, key
 
 
+def _cache() -> dict:
+    try:
+        with open(autotune.cache_path()) as fh:
+            return json.load(fh)
+    except OSError:
+        return {}
+
+
 def bench(name: str, repeats: int) -> dict:
     make, state, train, key = setup(name)
     steps = {}
@@ -67,16 +75,16 @@ def bench(name: str, repeats: int) -> dict:
         jax.block_until_ready(f(state, train, key))
         steps["vmap" if mode == "vmap" else f"map({bs})"] = f
     autotune._MEMORY.clear()
+    before = _cache()
     t0 = time.perf_counter()
     f = jax.jit(make(ClientMap("auto")).step)
     jax.block_until_ready(f(state, train, key))
     tune_seconds = time.perf_counter() - t0
     steps["auto"] = f
-    with open(autotune.cache_path()) as fh:
-        entries = list(json.load(fh).values())  # one: the round's single map_sum
-    choice = entries[-1] if entries else {}
+    new = [v for k, v in _cache().items() if k not in before]  # the round's single map_sum
+    choice = new[0] if new else {}
     times: dict[str, list[float]] = {k: [] for k in steps}
-    calls_per_timing = 1 if name != "digits" else 20
+    calls_per_timing = {"digits": 50, "LR": 10}.get(name, 1)
     for _ in range(repeats):
         names = list(steps)
         random.shuffle(names)
@@ -106,6 +114,9 @@ def main() -> None:
     p.add_argument("--out")
     args = p.parse_args()
     rows = []
+    if args.out and os.path.exists(args.out):  # keep the rows of workloads not re-run
+        with open(args.out) as f:
+            rows = [r for r in json.load(f)["rows"] if r["workload"] not in args.workloads]
     for name in args.workloads:
         r = bench(name, args.repeats)
         rows.append(r)
