@@ -11,8 +11,8 @@
   `batch_size` given: `vmap` on accelerators, `map` with `batch_size` (default 8) on CPU.
 
 `fit_client_map(cohort, per_client_bytes, budget_bytes)` picks a concrete mode and chunk
-for a memory budget (a small heuristic, documented on the function); `ClientMap("auto")`
-itself is unchanged.
+for a memory budget (a small heuristic, documented on the function); `fit_population`
+chooses between the population's data on device and streamed (`fedjax_sim.streaming`).
 
 `map_sum` fuses the aggregation into the map: the summands are accumulated chunk by chunk, so
 a FedAvg round never materialises `[M, d]` client updates in `map` mode. All modes compute the
@@ -123,6 +123,8 @@ class ClientMap:
         """With `mode="auto"` (no mesh, measuring on): the measured-and-cached concrete map
         (`fedjax_sim.autotune`); None otherwise."""
         if self.mode != "auto" or self.mesh is not None or self.batch_size is not None:
+            return None
+        if _ACTIVE_AXIS.get() is not None:  # inside a sharded map: the static rule
             return None
         from fedjax_sim import autotune
 
