@@ -63,6 +63,7 @@ from fedjax_sim.history import History
 from fedjax_sim.models import Model
 from fedjax_sim.parallel import ClientMap
 from fedjax_sim.simulate import EvalSpec, NonFiniteError, simulate
+from fedjax_sim.streaming import simulate_streamed
 
 __version__ = "0.1.0"
 
@@ -128,4 +129,5 @@ __all__ = [
     "s_fedavg",
     "scaffold",
     "simulate",
+    "simulate_streamed",
 ]

@@ -4,11 +4,15 @@
 - `map`: `lax.scan` over chunks of `batch_size` clients, each chunk vmapped. Bounds memory to
   `batch_size` model copies and is faster on CPU (see `../shared/notes/measured_facts.md`:
   vmap over 1000 MLP clients streams 1000 parameter copies through memory every step).
-- `auto` (default): `vmap` on accelerators, `map` with `batch_size=8` on CPU.
+- `auto` (default): measured. The first time a per-client function of a given structure and
+  cohort size is mapped on a backend, `fedjax_sim.autotune` times `map` with chunks of 1, 2,
+  4, 8, 16 and `vmap` and caches the fastest on disk (keyed by the function's jaxpr, shapes,
+  backend, device kind and jax version). With `FEDJAX_SIM_AUTOTUNE=0` (the test suite) or a
+  `batch_size` given: `vmap` on accelerators, `map` with `batch_size` (default 8) on CPU.
 
 `fit_client_map(cohort, per_client_bytes, budget_bytes)` picks a concrete mode and chunk
-for a memory budget (a small heuristic, documented on the function); `ClientMap("auto")`
-itself is unchanged.
+for a memory budget (a small heuristic, documented on the function); `fit_population`
+chooses between the population's data on device and streamed (`fedjax_sim.streaming`).
 
 `map_sum` fuses the aggregation into the map: the summands are accumulated chunk by chunk, so
 a FedAvg round never materialises `[M, d]` client updates in `map` mode. All modes compute the
@@ -115,10 +119,27 @@ class ClientMap:
         bs = self.batch_size or CPU_DEFAULT_BATCH
         return "map", max(1, min(bs, num))
 
+    def _measured(self, fn: Callable[..., Any], xs: tuple, reduce: bool) -> ClientMap | None:
+        """With `mode="auto"` (no mesh, measuring on): the measured-and-cached concrete map
+        (`fedjax_sim.autotune`); None otherwise."""
+        if self.mode != "auto" or self.mesh is not None or self.batch_size is not None:
+            return None
+        if _ACTIVE_AXIS.get() is not None:  # inside a sharded map: the static rule
+            return None
+        from fedjax_sim import autotune
+
+        if not autotune.enabled() or _leading(xs) < 2:
+            return None
+        mode, bs = autotune.choose(fn, xs, reduce)
+        return ClientMap(mode, bs)
+
     def map(self, fn: Callable[..., Any], *xs: Any) -> Any:
         """`[fn(*x_i) for i]`, stacked on axis 0."""
         if self.mesh is not None:
             return self._sharded(fn, xs, reduce=False)
+        measured = self._measured(fn, xs, reduce=False)
+        if measured is not None:
+            return measured.map(fn, *xs)
         num = _leading(xs)
         mode, bs = self.resolve(num)
         if mode == "vmap" or bs >= num:
@@ -129,6 +150,9 @@ class ClientMap:
         """For `fn(*x_i) -> (summand_i, out_i)`: `(sum_i summand_i, stacked out_i)`."""
         if self.mesh is not None:
             return self._sharded(fn, xs, reduce=True)
+        measured = self._measured(fn, xs, reduce=True)
+        if measured is not None:
+            return measured.map_sum(fn, *xs)
         num = _leading(xs)
         mode, bs = self.resolve(num)
         vfn = jax.vmap(fn)
@@ -244,3 +268,63 @@ def _leading(xs: Any) -> int:
 
 def _sum0(tree: Any) -> Any:
     return jax.tree.map(lambda a: jnp.sum(a, axis=0), tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class PopulationPlan:
+    """Where a population's data lives and how its cohorts are mapped (`fit_population`).
+
+    Attributes:
+      placement: "device" (`simulate`: the whole `[C, ...]` data on device) or "streamed"
+        (`fedjax_sim.streaming.simulate_streamed`: only the cohort rows in flight).
+      client_map: the cohort mapping that fits what is left (`fit_client_map`).
+      device_bytes: estimated resident bytes before the clients' working sets.
+    """
+
+    placement: Literal["device", "streamed"]
+    client_map: ClientMap
+    device_bytes: int
+
+
+def fit_population(
+    num_clients: int,
+    cohort: int,
+    *,
+    data_bytes_per_client: int,
+    per_client_bytes: int,
+    budget_bytes: int,
+    state_bytes_per_client: int = 0,
+    fixed_bytes: int = 0,
+    in_flight: int = 3,
+    backend: str | None = None,
+) -> PopulationPlan:
+    """On-device vs streamed data for `num_clients` clients with cohorts of `cohort`.
+
+    Resident bytes: on device, `C x (data + state rows) + fixed`; streamed, `in_flight x
+    cohort x data` (the chunk being computed plus the prefetched ones) `+ C x (state rows +
+    8)` (per-client state rows stay on device until the algorithm layer streams them; 8
+    bytes per client for the counts and the O(C) cohort draw) `+ fixed`. The data stay on
+    device whenever the mapped cohort still fits next to them (no copies per round);
+    otherwise they are streamed. Raises ValueError if neither fits."""
+    if min(num_clients, cohort, per_client_bytes) < 1 or data_bytes_per_client < 0:
+        raise ValueError("num_clients, cohort and per_client_bytes must be >= 1")
+    if cohort > num_clients:
+        raise ValueError(f"cohort {cohort} exceeds the population ({num_clients})")
+    on_device = num_clients * (data_bytes_per_client + state_bytes_per_client) + fixed_bytes
+    if budget_bytes - on_device >= per_client_bytes:
+        cmap = fit_client_map(cohort, per_client_bytes, budget_bytes - on_device, backend=backend)
+        return PopulationPlan("device", cmap, int(on_device))
+    streamed = (
+        in_flight * cohort * data_bytes_per_client
+        + num_clients * (state_bytes_per_client + 8)
+        + fixed_bytes
+    )
+    if budget_bytes - streamed < per_client_bytes:
+        raise ValueError(
+            f"neither placement fits {budget_bytes / 2**30:.2f} GiB: the data on device need "
+            f"{on_device / 2**30:.2f} GiB, streamed {streamed / 2**30:.2f} GiB "
+            f"(per-client state rows {num_clients * state_bytes_per_client / 2**30:.2f} GiB "
+            "stay on device) plus one client's working set"
+        )
+    cmap = fit_client_map(cohort, per_client_bytes, budget_bytes - streamed, backend=backend)
+    return PopulationPlan("streamed", cmap, int(streamed))

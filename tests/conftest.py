@@ -3,6 +3,9 @@
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# ClientMap("auto") uses its static rule in tests (measuring is timing-dependent; see
+# fedjax_sim/autotune.py); tests/test_autotune.py turns it on explicitly.
+os.environ.setdefault("FEDJAX_SIM_AUTOTUNE", "0")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -43,7 +43,15 @@ from fedjax_sim.data.partition import (
     quantity_skew,
     shards,
 )
+from fedjax_sim.data.procedural import FedProxSynthetic, Population, UniformClassification
 from fedjax_sim.data.shakespeare import load_shakespeare
+from fedjax_sim.data.store import (
+    ClientStore,
+    CohortData,
+    Dequantize,
+    HostStore,
+    write_client_store,
+)
 from fedjax_sim.data.synthetic import (
     QuadraticProblem,
     fedprox_synthetic,
@@ -53,6 +61,14 @@ from fedjax_sim.data.synthetic import (
 from fedjax_sim.data.tfds_source import DataNotPrepared, load_tfds
 
 __all__ = [
+    "ClientStore",
+    "CohortData",
+    "Dequantize",
+    "FedProxSynthetic",
+    "HostStore",
+    "Population",
+    "UniformClassification",
+    "write_client_store",
     "ArrayData",
     "Batch",
     "Bucket",

@@ -1,0 +1,428 @@
+"""Client stores outside device memory, and the cohort view the algorithms read.
+
+- `HostStore`: a generic host-side pytree of `[C, ...]` arrays (numpy in RAM, or `np.memmap`
+  files on disk) with `gather(ids)` / `scatter(ids, rows)` of whole client rows. It holds a
+  population's data here; the same store can hold per-client state rows (control variates,
+  duals, memories) once the algorithm layer gathers and scatters them by cohort ids.
+- `ClientStore`: a population's training data in a `HostStore` (`x [C, N_max, ...]`,
+  `y [C, N_max, ...]`) plus the `[C]` counts (kept in RAM: 4 bytes per client) and an
+  on-device `decode` of the gathered features (e.g. uint8 pixels to float32).
+- `CohortData`: a `FederatedData` whose `x`/`y` hold only one round's cohort rows `[M, ...]`
+  (sorted by client id, `slot_ids [M]`) while `counts` is the population's `[C]`;
+  `client(cid)` takes the real client id and finds its row. An algorithm that only reads
+  client data through `data.client(cid)`, `data.counts`, `data.num_clients` and
+  `data.max_count` runs on it unchanged and computes bit for bit what it computes on the
+  whole on-device population (the keys use real ids), as long as every id it reads is in
+  the cohort (`fedjax_sim.streaming` draws the ids with the algorithm's own sampler).
+
+On-disk layout of a store directory: `store.json` (`{"num_clients", "leaves": {name:
+{"shape", "dtype"}}, "meta": {...}}`) and one raw C-order file `<name>.bin` per leaf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from fedjax_sim.data.federated import ClientData, FederatedData
+
+Array = Any
+STORE_META = "store.json"
+
+
+# ------------------------------------------------------------------------------ host store
+class HostStore:
+    """A dict of `[C, ...]` host arrays (numpy or `np.memmap`) indexed by client id.
+
+    `gather(ids)` returns `{name: [len(ids), ...]}` copies (ids are read in sorted order for
+    disk locality); `scatter(ids, rows)` writes rows back (in place; a memmap opened with
+    `mode="r+"` writes through to disk).
+    """
+
+    def __init__(self, arrays: dict[str, np.ndarray], path: str | None = None):
+        if not arrays:
+            raise ValueError("a HostStore needs at least one array")
+        sizes = {name: int(np.shape(a)[0]) for name, a in arrays.items()}
+        if len(set(sizes.values())) != 1:
+            raise ValueError(f"store arrays disagree on the number of clients: {sizes}")
+        self.arrays = dict(arrays)
+        self.path = path
+
+    @property
+    def num_clients(self) -> int:
+        return int(next(iter(self.arrays.values())).shape[0])
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one client's row over all arrays."""
+        return int(sum(a.itemsize * int(np.prod(a.shape[1:])) for a in self.arrays.values()))
+
+    @property
+    def on_disk(self) -> bool:
+        return any(isinstance(a, np.memmap) for a in self.arrays.values())
+
+    def _check_ids(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids)
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"client ids must be integers, got {ids.dtype}")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_clients):
+            raise ValueError(
+                f"client ids must be in [0, {self.num_clients}), got [{ids.min()}, {ids.max()}]"
+            )
+        return ids.astype(np.int64)
+
+    def gather(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """`{name: a[ids]}` for `ids [K]` (any order; read sorted, returned in `ids` order).
+        Rows of read-only on-disk arrays are read with `os.pread` into fresh buffers rather
+        than through the mapping: mapped pages would count in the process's resident set
+        (and the kernel maps 64 kB around every touched row)."""
+        ids = self._check_ids(ids).reshape(-1)
+        order = np.argsort(ids, kind="stable")
+        sorted_ids = ids[order]
+        out = {}
+        for name, a in self.arrays.items():
+            if self.path is not None and isinstance(a, np.memmap) and a.mode == "r":
+                rows = self._pread(name, a, sorted_ids)
+            else:
+                rows = np.take(a, sorted_ids, axis=0)
+            if not np.array_equal(order, np.arange(order.size)):
+                back = np.empty_like(rows)
+                back[order] = rows
+                rows = back
+            out[name] = rows
+        return out
+
+    def _pread(self, name: str, a: np.memmap, sorted_ids: np.ndarray) -> np.ndarray:
+        """Rows `a[sorted_ids]` read from the file, one `pread` per run of consecutive ids."""
+        row = a.itemsize * int(np.prod(a.shape[1:]))
+        out = np.empty((sorted_ids.size, *a.shape[1:]), a.dtype)
+        buf = out.reshape(-1).view(np.uint8)
+        breaks = np.flatnonzero(np.diff(sorted_ids) != 1) + 1
+        starts = np.concatenate([[0], breaks])
+        ends = np.concatenate([breaks, [sorted_ids.size]])
+        fd = os.open(os.path.join(self.path, f"{name}.bin"), os.O_RDONLY)
+        try:
+            for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+                view = memoryview(buf[s * row : e * row])
+                got = os.preadv(fd, [view], int(sorted_ids[s]) * row)
+                if got != (e - s) * row:
+                    raise OSError(f"short read from {name}.bin: {got} of {(e - s) * row} bytes")
+        finally:
+            os.close(fd)
+        return out
+
+    def scatter(self, ids: np.ndarray, rows: dict[str, np.ndarray]) -> None:
+        """`a[ids] = rows[name]` for every array (a duplicated id keeps its last row)."""
+        ids = self._check_ids(ids).reshape(-1)
+        if set(rows) != set(self.arrays):
+            raise ValueError(f"scatter needs rows for {sorted(self.arrays)}, got {sorted(rows)}")
+        for name, a in self.arrays.items():
+            r = np.asarray(rows[name])
+            if r.shape != (ids.size, *a.shape[1:]):
+                raise ValueError(
+                    f"rows[{name!r}] has shape {r.shape}, expected {(ids.size, *a.shape[1:])}"
+                )
+            a[ids] = r.astype(a.dtype, copy=False)
+
+    def flush(self) -> None:
+        for a in self.arrays.values():
+            if isinstance(a, np.memmap):
+                a.flush()
+
+    # ---------------------------------------------------------------- disk
+    @classmethod
+    def create(
+        cls,
+        path: str,
+        num_clients: int,
+        rows: dict[str, tuple[tuple[int, ...], Any]],
+        meta: dict[str, Any] | None = None,
+    ) -> HostStore:
+        """A new on-disk store: `rows = {name: (row_shape, dtype)}`; files are created
+        sparse (zero) at their full size, then filled with `scatter` or `write_rows`."""
+        if num_clients < 1:
+            raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+        os.makedirs(path, exist_ok=True)
+        leaves = {}
+        arrays = {}
+        for name, (shape, dtype) in rows.items():
+            dtype = np.dtype(dtype)
+            full = (num_clients, *shape)
+            file = os.path.join(path, f"{name}.bin")
+            with open(file, "wb") as f:
+                f.truncate(int(np.prod(full)) * dtype.itemsize)
+            arrays[name] = np.memmap(file, dtype=dtype, mode="r+", shape=full)
+            leaves[name] = {"shape": list(shape), "dtype": dtype.str}
+        with open(os.path.join(path, STORE_META), "w") as f:
+            json.dump({"num_clients": num_clients, "leaves": leaves, "meta": meta or {}}, f)
+        return cls(arrays, path)
+
+    @classmethod
+    def open(cls, path: str, mode: str = "r", num_clients: int | None = None) -> HostStore:
+        """Opens a store written by `create` (memory-mapped, read-only by default); with
+        `num_clients`, only its first `num_clients` clients (a smaller population)."""
+        meta_file = os.path.join(path, STORE_META)
+        if not os.path.exists(meta_file):
+            raise FileNotFoundError(f"no client store at {path!r} (missing {STORE_META})")
+        with open(meta_file) as f:
+            info = json.load(f)
+        c = int(info["num_clients"])
+        if num_clients is not None:
+            if not 1 <= num_clients <= c:
+                raise ValueError(f"the store at {path!r} has {c} clients, asked for {num_clients}")
+            c = num_clients
+        arrays = {
+            name: np.memmap(
+                os.path.join(path, f"{name}.bin"),
+                dtype=np.dtype(leaf["dtype"]),
+                mode=mode,
+                shape=(c, *leaf["shape"]),
+            )
+            for name, leaf in info["leaves"].items()
+        }
+        store = cls(arrays, path)
+        store.meta = info.get("meta", {})
+        return store
+
+    def write_rows(self, start: int, rows: dict[str, np.ndarray]) -> None:
+        """Writes a contiguous block of rows `[start, start + K)` with plain file writes
+        (no dirty mapped pages, so the writer's RSS stays at one block)."""
+        for name, a in self.arrays.items():
+            r = np.ascontiguousarray(np.asarray(rows[name], a.dtype))
+            if self.path is None or not isinstance(a, np.memmap):
+                a[start : start + r.shape[0]] = r
+                continue
+            row = a.itemsize * int(np.prod(a.shape[1:]))
+            with open(os.path.join(self.path, f"{name}.bin"), "r+b") as f:
+                f.seek(start * row)
+                f.write(r.tobytes())
+
+
+# ------------------------------------------------------------------------------ decoding
+@dataclasses.dataclass(frozen=True)
+class Dequantize:
+    """On-device decode of stored features: `x.astype(dtype) * scale` (e.g. uint8 pixels
+    with `scale=1/255`). Hashable, so compiled rounds are cached per decode."""
+
+    scale: float = 1.0 / 255.0
+    dtype: str = "float32"
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x.astype(self.dtype) * jnp.asarray(self.scale, self.dtype)
+
+
+def identity(x: jax.Array) -> jax.Array:
+    return x
+
+
+# ------------------------------------------------------------------------------ client store
+@dataclasses.dataclass
+class ClientStore:
+    """A population's training data outside device memory.
+
+    Attributes:
+      rows: a `HostStore` with arrays `x [C, N_max, ...]` and `y [C, N_max, ...]`.
+      counts: `[C]` int32 examples per client (host RAM).
+      num_classes: label classes (0 for regression).
+      decode: jittable map applied on device to the gathered `x` rows (default identity).
+    """
+
+    rows: HostStore
+    counts: np.ndarray
+    num_classes: int = 0
+    decode: Callable[[jax.Array], jax.Array] = identity
+
+    def __post_init__(self):
+        if set(self.rows.arrays) != {"x", "y"}:
+            raise ValueError(f"a ClientStore needs arrays x and y, got {sorted(self.rows.arrays)}")
+        self.counts = np.asarray(self.counts, np.int32)
+        if self.counts.shape != (self.rows.num_clients,):
+            raise ValueError(
+                f"counts must have shape [{self.rows.num_clients}], got {self.counts.shape}"
+            )
+        n_max = self.max_count
+        if self.counts.size and (self.counts.min() < 0 or self.counts.max() > n_max):
+            raise ValueError(f"counts must be in [0, N_max={n_max}]")
+
+    @property
+    def num_clients(self) -> int:
+        return self.rows.num_clients
+
+    @property
+    def max_count(self) -> int:
+        return int(self.rows.arrays["x"].shape[1])
+
+    @property
+    def row_bytes(self) -> int:
+        return self.rows.row_bytes
+
+    @classmethod
+    def from_federated(
+        cls, data: FederatedData, decode: Callable[[jax.Array], jax.Array] = identity
+    ) -> ClientStore:
+        """An in-RAM store holding a copy of `data`'s training split."""
+        rows = HostStore({"x": np.asarray(data.x), "y": np.asarray(data.y)})
+        return cls(rows, np.asarray(data.counts), data.num_classes, decode)
+
+    @classmethod
+    def open(
+        cls,
+        path: str,
+        decode: Callable[[jax.Array], jax.Array] | None = None,
+        num_clients: int | None = None,
+    ) -> ClientStore:
+        """Opens an on-disk store written by `write_client_store` (memory-mapped); with
+        `num_clients`, its first `num_clients` clients."""
+        store = HostStore.open(path, num_clients=num_clients)
+        counts = np.load(os.path.join(path, "counts.npy"))[: store.num_clients]
+        meta = getattr(store, "meta", {})
+        if decode is None:
+            scale = meta.get("dequantize")
+            decode = Dequantize(float(scale)) if scale else identity
+        return cls(store, counts, int(meta.get("num_classes", 0)), decode)
+
+    def to_federated(self) -> FederatedData:
+        """The whole population on device (decoded), for comparisons with `simulate`."""
+        x = self.decode(jnp.asarray(np.asarray(self.rows.arrays["x"])))
+        return FederatedData(
+            x=x,
+            y=jnp.asarray(np.asarray(self.rows.arrays["y"])),
+            counts=jnp.asarray(self.counts),
+            num_classes=self.num_classes,
+        )
+
+
+def write_client_store(
+    path: str,
+    num_clients: int,
+    max_count: int,
+    feature_shape: tuple[int, ...],
+    fill: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]],
+    *,
+    x_dtype: Any = np.uint8,
+    y_dtype: Any = np.int32,
+    label_shape: tuple[int, ...] = (),
+    num_classes: int = 0,
+    dequantize: float | None = None,
+    block: int = 4096,
+    progress: bool = True,
+) -> ClientStore:
+    """Writes a population to disk block by block: `fill(ids [K]) -> (x [K, N_max, ...],
+    y [K, N_max, ...], counts [K])`. Peak memory is one block. Returns the opened store."""
+    meta = {"num_classes": int(num_classes)}
+    if dequantize is not None:
+        meta["dequantize"] = float(dequantize)
+    rows = {"x": ((max_count, *feature_shape), x_dtype), "y": ((max_count, *label_shape), y_dtype)}
+    store = HostStore.create(path, num_clients, rows, meta)
+    counts = np.zeros(num_clients, np.int32)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=num_clients, unit="client", desc="writing client store")
+    for start in range(0, num_clients, block):
+        ids = np.arange(start, min(num_clients, start + block))
+        x, y, c = fill(ids)
+        store.write_rows(start, {"x": x, "y": y})
+        counts[ids] = c
+        if bar is not None:
+            bar.update(ids.size)
+    if bar is not None:
+        bar.close()
+    np.save(os.path.join(path, "counts.npy"), counts)
+    del store
+    return ClientStore.open(path)
+
+
+# ------------------------------------------------------------------------------ cohort view
+@struct.dataclass
+class CohortData(FederatedData):
+    """One round's cohort rows of a larger population (see the module docstring).
+
+    Attributes (beyond `FederatedData`'s): `x`, `y` are `[M, N_max, ...]` rows of the clients
+    `slot_ids [M]` (int32, sorted ascending; duplicates allowed), `counts` is `[C]`.
+    `poison_missing`: a client read through `client(cid)` whose id is not in `slot_ids`
+    gets NaN features, so a cohort plan that misses an id fails the run loudly
+    (`NonFiniteError`) instead of training silently on another client's rows.
+    """
+
+    slot_ids: Array = None
+    poison_missing: bool = struct.field(pytree_node=False, default=True)
+
+    @property
+    def num_clients(self) -> int:
+        return int(self.counts.shape[0])
+
+    @property
+    def cohort_size(self) -> int:
+        return int(self.x.shape[0])
+
+    def slot(self, i: Array) -> tuple[jax.Array, jax.Array]:
+        """`(row of client i in x/y, whether client i is in the cohort)`."""
+        s = jnp.searchsorted(self.slot_ids, i).astype(jnp.int32)
+        s = jnp.minimum(s, self.cohort_size - 1)
+        return s, self.slot_ids[s] == i
+
+    def client(self, i: Array) -> ClientData:
+        s, found = self.slot(i)
+        x = self.x[s]
+        if self.poison_missing and jnp.issubdtype(x.dtype, jnp.floating):
+            x = jnp.where(found, x, jnp.nan)
+        return ClientData(x, self.y[s], self.counts[i])
+
+    def client_test(self, i: Array) -> ClientData:
+        raise NotImplementedError("a cohort view holds no per-client test split")
+
+
+@struct.dataclass
+class CohortRows:
+    """Per-client state rows of one round's cohort, addressed by real client ids: the
+    streamed counterpart of a `[C, ...]` state leaf (control variates, duals, memories).
+
+    `rows` is a pytree of `[M, ...]` arrays for the clients `slot_ids [M]` (sorted, as in
+    `CohortData`), gathered from a `HostStore` before the round and scattered back after
+    it. An algorithm that reads its per-client state with `gather(ids)` and writes it with
+    `scatter(ids, mask, values)` runs unchanged on `[C, ...]` arrays (`CohortRows` with
+    `slot_ids = arange(C)`) and on streamed rows.
+    """
+
+    rows: Any
+    slot_ids: Array
+
+    def _slots(self, ids: Array) -> Array:
+        m = self.slot_ids.shape[0]
+        return jnp.minimum(jnp.searchsorted(self.slot_ids, ids), m - 1).astype(jnp.int32)
+
+    def gather(self, ids: Array) -> Any:
+        """`[K, ...]` rows of clients `ids [K]` (each must be in `slot_ids`)."""
+        s = self._slots(ids)
+        return jax.tree.map(lambda r: r[s], self.rows)
+
+    def scatter(self, ids: Array, mask: Array, values: Any) -> CohortRows:
+        """Rows of clients `ids [K]` replaced by `values [K, ...]` where `mask [K]`."""
+        s = self._slots(ids)
+
+        def write(r, v):
+            keep = mask.reshape(-1, *([1] * (v.ndim - 1)))
+            return r.at[s].set(jnp.where(keep, v, r[s]))
+
+        return self.replace(rows=jax.tree.map(write, self.rows, values))
+
+
+__all__ = [
+    "ClientStore",
+    "CohortData",
+    "CohortRows",
+    "Dequantize",
+    "HostStore",
+    "identity",
+    "write_client_store",
+]

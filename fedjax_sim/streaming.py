@@ -1,0 +1,387 @@
+"""`simulate_streamed`: populations beyond device memory.
+
+The population's data stays outside the device, in a `ClientStore` (host RAM or memory-mapped
+files on disk) or a procedural `Population` (data generated on device from `(seed, client
+id)`). Each round's cohort depends only on `(key, round)` (or on the event engine's own
+state, which does not depend on the model), so a `CohortPlan` draws the ids of the coming
+rounds on the host side; a background thread gathers their rows and `device_put`s them
+while the device runs the current chunk of rounds. The algorithm's `step` gets a
+`CohortData` view: the cohort's rows plus the population's `[C]` counts, indexed by real
+client ids, so the run is bit-for-bit the on-device run (`exact` plans). Device memory is
+O(cohort x chunk + model + 8 bytes per client for the algorithm's own cohort draw).
+
+Plans:
+- `AlgorithmCohorts(cohort, counts)`: the ids `CohortSpec.sample` draws in the FedAvg-type
+  and stateful algorithms (`round_key(key, round, COHORT)`); exact.
+- `EventCohorts(events)`: the firing slots of the asynchronous event engine, replayed
+  without the model (padding slots read client C-1, as the algorithms do); exact.
+- `UniformCohorts(num_clients, size)`: M distinct ids drawn on the host in O(M) (numpy,
+  seeded by the key and the round), for populations too large for an O(C) draw (10^9). The
+  algorithm then sees the cohort as its whole population (`CohortSpec()` full participation;
+  client keys use the slot 0..M-1): the same distribution of rounds, not the same bits, and
+  only for algorithms without per-client state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import queue
+import threading
+import time
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from fedjax_sim.algorithms.core import COHORT, Algorithm, CohortSpec, round_key, tree_all_finite
+from fedjax_sim.data.federated import ArrayData, FederatedData
+from fedjax_sim.data.procedural import Population
+from fedjax_sim.data.store import ClientStore, CohortData
+from fedjax_sim.history import History
+from fedjax_sim.models.base import Model
+from fedjax_sim.simulate import (
+    INIT_PURPOSE,
+    EvalSpec,
+    NonFiniteError,
+    _next_multiple,
+    _postfix,
+    _progress,
+    evaluate_central,
+)
+
+
+# ------------------------------------------------------------------------------ plans
+class CohortPlan(Protocol):
+    """The client ids each round reads, drawn ahead of the rounds."""
+
+    size: int  # M, ids per round
+    num_clients: int  # C, the population the ids come from
+    exact: bool  # the algorithm draws the same ids itself from the [C] counts
+
+    def cohorts(self, key: jax.Array, start: int, num: int) -> np.ndarray:
+        """`[num, M]` int ids of rounds `start .. start + num - 1` (0-based)."""
+        ...
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _sample_rounds(cohort: CohortSpec, key: jax.Array, counts: jax.Array, rounds: jax.Array):
+    return jax.vmap(lambda r: cohort.sample(round_key(key, r, COHORT), counts)[0])(rounds)
+
+
+class AlgorithmCohorts:
+    """Ids drawn by `cohort.sample(round_key(key, round, COHORT), counts)`, the sampler of
+    every FedAvg-type and stateful algorithm."""
+
+    exact = True
+
+    def __init__(self, cohort: CohortSpec, counts: Any):
+        counts = np.asarray(counts, np.int32)
+        cohort.check(counts.shape[0])
+        self.cohort = cohort
+        self.counts = jnp.asarray(counts)
+        self.num_clients = c = int(counts.shape[0])
+        self.size = c if cohort.size is None else cohort.size
+
+    def cohorts(self, key: jax.Array, start: int, num: int) -> np.ndarray:
+        rounds = jnp.arange(start, start + num, dtype=jnp.int32)
+        return np.asarray(_sample_rounds(self.cohort, key, self.counts, rounds))
+
+
+class EventCohorts:
+    """The event engine's firing slots per iteration, replayed from `events.init(key)`
+    without the model (`draw` then `advance`; the arrival process does not depend on the
+    model or on `read_after_aggregate`)."""
+
+    exact = True
+
+    def __init__(self, events: Any):
+        self.events = events
+        self.num_clients = int(events.num_clients)
+        self.size = int(events.slots)
+        self._state: Any = None
+        self._next = 0
+        self._key_data: np.ndarray | None = None
+        ev = events
+
+        def run(state, key, num):
+            def body(st, _):
+                tick = ev.draw(st, round_key(key, st.k, COHORT))
+                return ev.advance(st, tick), jnp.minimum(tick.ids, ev.num_clients - 1)
+
+            return lax.scan(body, state, None, length=num)
+
+        self._run = jax.jit(run, static_argnums=2)
+
+    def cohorts(self, key: jax.Array, start: int, num: int) -> np.ndarray:
+        kd = np.asarray(jax.random.key_data(key))
+        if self._state is None or start != self._next or not np.array_equal(kd, self._key_data):
+            self._state, self._next, self._key_data = self.events.init(key), 0, kd
+            if start > 0:
+                self._state, _ = self._run(self._state, key, start)
+                self._next = start
+        self._state, ids = self._run(self._state, key, num)
+        self._next = start + num
+        return np.asarray(ids)
+
+
+@dataclasses.dataclass
+class UniformCohorts:
+    """`size` distinct ids uniform over `num_clients`, drawn on the host in O(size) from
+    `(key, round)`; the algorithm sees the cohort as its population (not `exact`)."""
+
+    num_clients: int
+    size: int
+    exact: bool = dataclasses.field(default=False, init=False)
+
+    def __post_init__(self):
+        if not 1 <= self.size <= self.num_clients:
+            raise ValueError(f"cohort size must be in [1, {self.num_clients}], got {self.size}")
+
+    def cohorts(self, key: jax.Array, start: int, num: int) -> np.ndarray:
+        kd = [int(v) for v in np.asarray(jax.random.key_data(key)).reshape(-1)]
+        out = np.empty((num, self.size), np.int64)
+        for j in range(num):  # one draw per round (host side, O(M) each)
+            rng = np.random.default_rng([*kd, start + j])
+            out[j] = rng.choice(self.num_clients, self.size, replace=False)
+        return out
+
+
+# ------------------------------------------------------------------------------ sources
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+    """How a chunk's device rows are made from what the host sent (hashable: part of the
+    compiled chunk's cache key)."""
+
+    decode: Any = None  # store: on-device decode of x
+    population: Population | None = None  # procedural: rows generated from the ids
+
+    def __call__(self, host: dict[str, jax.Array], ids: jax.Array):
+        if self.population is not None:
+            x, y = self.population.rows(ids)
+            return x, y, self.population.counts(ids)
+        return self.decode(host["x"]), host["y"], host["counts"]
+
+
+def _source_info(source: ClientStore | Population) -> tuple[int, int, np.ndarray | None]:
+    if isinstance(source, ClientStore):
+        return source.num_clients, source.num_classes, source.counts
+    if isinstance(source, Population):
+        return source.num_clients, source.num_classes, None
+    raise TypeError(f"source must be a ClientStore or a procedural Population, got {type(source)}")
+
+
+# ------------------------------------------------------------------------------ runner
+@dataclasses.dataclass
+class StreamStats:
+    """Host-side data pipeline timings of a streamed run (seconds)."""
+
+    prefetch_seconds: float = 0.0  # drawing ids + gathering rows + device_put, all chunks
+    stall_seconds: float = 0.0  # the main loop waiting for data, chunks after the first
+    first_chunk_seconds: float = 0.0  # data of the first chunk (cannot overlap anything)
+    bytes_sent: int = 0
+    chunks: int = 0
+    chunk_seconds: list[float] = dataclasses.field(default_factory=list)  # wall, incl. stalls
+
+    @property
+    def overlap(self) -> float:
+        """Fraction of the prefetch work (after the first chunk) hidden behind compute."""
+        work = self.prefetch_seconds - self.first_chunk_seconds
+        return 1.0 if work <= 0 else max(0.0, 1.0 - self.stall_seconds / work)
+
+    def to_dict(self) -> dict[str, float]:
+        return {**dataclasses.asdict(self), "overlap": self.overlap}
+
+
+def simulate_streamed(
+    algorithm: Algorithm,
+    source: ClientStore | Population,
+    key: jax.Array,
+    *,
+    plan: CohortPlan,
+    model: Model,
+    num_rounds: int,
+    test: ArrayData | None = None,
+    params: Any = None,
+    evaluation: EvalSpec = EvalSpec(clients=False),
+    progress: bool = True,
+    prefetch: int = 2,
+    meta: dict[str, Any] | None = None,
+) -> History:
+    """Runs `num_rounds` of `algorithm` on a population outside device memory.
+
+    Same loop as `simulate` (scan chunks of `evaluation.every` rounds, central evaluation,
+    progress bar, NaN check), but each chunk's cohort rows `[T, M, ...]` are gathered from
+    `source` by a background thread (`prefetch` chunks ahead) and passed to the compiled
+    chunk; rounds see a `CohortData` view (exact plans) or the cohort as their population
+    (`UniformCohorts`). Per-client state rows stay in the algorithm state on device.
+    `History.meta["streaming"]` holds the pipeline timings (`StreamStats`).
+
+    Raises ValueError (before compiling) for settings a cohort view cannot serve: per-client
+    or training-set evaluation, a plan over another population size, `prefetch < 1`.
+    """
+    if num_rounds < 1:
+        raise ValueError(f"num_rounds must be >= 1, got {num_rounds}")
+    if evaluation.every < 1:
+        raise ValueError(f"evaluation.every must be >= 1, got {evaluation.every}")
+    if evaluation.train or evaluation.extra is not None:
+        raise ValueError("a streamed run evaluates on the central test set only (no train/extra)")
+    if prefetch < 1:
+        raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+    num_clients, num_classes, host_counts = _source_info(source)
+    plan_c = getattr(plan, "num_clients", None)
+    if plan_c is not None and plan_c != num_clients:
+        raise ValueError(f"the cohort plan is for {plan_c} clients, the source has {num_clients}")
+    if plan.exact and isinstance(source, Population) and num_clients > 2**27:
+        raise ValueError(
+            f"an exact plan draws cohorts over all {num_clients} clients on device; use "
+            "UniformCohorts for populations this large"
+        )
+
+    if params is None:
+        params = model.init(jax.random.fold_in(key, INIT_PURPOSE))
+    state = algorithm.init(params, key)
+    counts_dev = None
+    if plan.exact:
+        counts_dev = jnp.asarray(host_counts) if host_counts is not None else source.all_counts()
+    rows = _Rows(population=source) if isinstance(source, Population) else _Rows(source.decode)
+    chunk = max(1, min(num_rounds, evaluation.every))
+    run_chunk = _compiled_stream_chunk(algorithm, chunk, rows, num_classes, plan.exact)
+    evaluate = _compiled_central(model, evaluation.batch_size) if test is not None else None
+
+    spans, r = [], 0
+    while r < num_rounds:
+        end = min(num_rounds, _next_multiple(r, evaluation.every))
+        spans.append((r, end))
+        r = end
+    stats = StreamStats()
+    history = History(meta=dict(meta or {}))
+    q: queue.Queue = queue.Queue(maxsize=prefetch)
+    stop = threading.Event()
+
+    def produce():
+        try:
+            for i, (r0, r1) in enumerate(spans):
+                t0 = time.perf_counter()
+                ids = plan.cohorts(key, r0, r1 - r0)
+                ids = np.sort(np.asarray(ids).reshape(r1 - r0, -1), axis=1).astype(np.int32)
+                if ids.shape[0] < chunk:  # padded rounds are skipped by the chunk
+                    ids = np.concatenate([ids, np.repeat(ids[:1], chunk - ids.shape[0], 0)])
+                host: dict[str, np.ndarray] = {}
+                if isinstance(source, ClientStore):
+                    flat = ids.reshape(-1)
+                    host = source.rows.gather(flat)
+                    host = {k: v.reshape(*ids.shape, *v.shape[1:]) for k, v in host.items()}
+                    host["counts"] = source.counts[flat].reshape(ids.shape)
+                item = jax.device_put((ids, host))
+                jax.block_until_ready(item)
+                dt = time.perf_counter() - t0
+                stats.prefetch_seconds += dt
+                stats.first_chunk_seconds += dt if i == 0 else 0.0
+                stats.bytes_sent += int(ids.nbytes + sum(v.nbytes for v in host.values()))
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+        except BaseException as e:  # handed to the main loop
+            q.put(e)
+
+    def do_eval(round_: int, state: Any) -> dict[str, float]:
+        values = {}
+        if evaluate is not None:
+            values = {k: float(v) for k, v in evaluate(state.params, test).items()}
+        history.append_eval(round_, values)  # as `simulate`: a row per evaluation point
+        return values
+
+    bar = _progress(progress, num_rounds, 0)
+    worker = threading.Thread(target=produce, name="fedjax-sim-prefetch", daemon=True)
+    t_start = time.perf_counter()
+    try:
+        do_eval(0, state)
+        worker.start()
+        for i, (r0, r1) in enumerate(spans):
+            t_wait = time.perf_counter()
+            item = q.get()
+            if isinstance(item, BaseException):
+                raise item
+            if i > 0:
+                stats.stall_seconds += time.perf_counter() - t_wait
+            ids, host = item
+            new_state, metrics = run_chunk(state, host, ids, counts_dev, key, r1 - r0)
+            metrics = jax.tree.map(lambda m: np.asarray(m)[: r1 - r0], metrics)
+            finite = np.asarray(metrics.pop("params_finite"))
+            history.append_rounds(r0 + 1, metrics)
+            if not finite.all():
+                bad = r0 + 1 + int(np.argmin(finite))
+                raise NonFiniteError(
+                    f"the global model became NaN/Inf at round {bad}; lower the learning "
+                    "rates, check the data, or check that the cohort plan covers every id the "
+                    "algorithm reads (missing clients read NaN features)"
+                )
+            state = new_state
+            stats.chunks += 1
+            stats.chunk_seconds.append(time.perf_counter() - t_wait)  # incl. waiting for data
+            values = do_eval(r1, state) if r1 % evaluation.every == 0 or r1 == num_rounds else {}
+            if bar is not None:
+                bar.update(r1 - bar.n)
+                bar.set_postfix(_postfix(metrics, values), refresh=False)
+    finally:
+        stop.set()
+        if bar is not None:
+            bar.close()
+        history.meta["seconds"] = time.perf_counter() - t_start
+        history.meta["streaming"] = stats.to_dict()
+    return history
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_stream_chunk(
+    algorithm: Algorithm, length: int, rows: _Rows, num_classes: int, exact: bool
+):
+    """`jit(run(state, host [T, M, ...], ids [T, M], counts, key, n))`: like
+    `simulate._compiled_chunk`, with round t's cohort rows as the scan's input."""
+
+    def run(state, host, ids, counts, key, n):
+        def advance(state, host_t, ids_t):
+            x, y, cohort_counts = rows(host_t, ids_t)
+            if exact:
+                view = CohortData(x=x, y=y, counts=counts, slot_ids=ids_t, num_classes=num_classes)
+            else:
+                view = FederatedData(x=x, y=y, counts=cohort_counts, num_classes=num_classes)
+            state, metrics = algorithm.step(state, view, key)
+            return state, {**metrics, "params_finite": tree_all_finite(state.params)}
+
+        out_shape = jax.eval_shape(advance, state, jax.tree.map(lambda a: a[0], host), ids[0])[1]
+
+        def body(state, xs):
+            i, host_t, ids_t = xs
+
+            def skip(state, host_t, ids_t):
+                return state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)
+
+            return lax.cond(i < n, advance, skip, state, host_t, ids_t)
+
+        return lax.scan(body, state, (jnp.arange(length), host, ids))
+
+    return jax.jit(run)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_central(model: Model, batch_size: int):
+    return jax.jit(lambda params, test: evaluate_central(model, params, test, batch_size))
+
+
+__all__ = [
+    "AlgorithmCohorts",
+    "CohortPlan",
+    "EventCohorts",
+    "StreamStats",
+    "UniformCohorts",
+    "simulate_streamed",
+]

@@ -1,0 +1,93 @@
+"""ClientMap("auto") measures once, caches the winner on disk, and then maps exactly as the
+chosen concrete mode does."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_sim import autotune
+from fedjax_sim.parallel import ClientMap
+
+
+@pytest.fixture
+def tuning(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDJAX_SIM_AUTOTUNE", "1")
+    monkeypatch.setenv("FEDJAX_SIM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "_MEMORY", {})
+    return tmp_path
+
+
+def _client(w):
+    def fn(x, s):
+        y = jnp.tanh(x @ w) * s
+        return y, jnp.sum(y)
+
+    return fn
+
+
+def test_auto_uses_measured_choice_and_caches_it(tuning, monkeypatch):
+    calls = []
+
+    def fake(fn, xs, reduce, closed, out_tree, **kw):
+        calls.append(reduce)
+        return {"1": 3.0, "2": 1.0, "4": 2.0, "vmap": 5.0}
+
+    monkeypatch.setattr(autotune, "measure", fake)
+    w = jnp.linspace(-1, 1, 12).reshape(4, 3)
+    x = jnp.linspace(0, 1, 9 * 4).reshape(9, 4)
+    s = jnp.arange(9.0)
+
+    run = jax.jit(lambda w, x, s: ClientMap("auto").map_sum(_client(w), x, s))
+    auto = run(w, x, s)
+    ref = jax.jit(lambda w, x, s: ClientMap("map", 2).map_sum(_client(w), x, s))(w, x, s)
+    for a, b in zip(jax.tree.leaves(auto), jax.tree.leaves(ref), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    table = json.loads((tuning / autotune.CACHE_FILE).read_text())
+    (entry,) = table.values()
+    assert (entry["mode"], entry["batch_size"], entry["num"]) == ("map", 2, 9)
+    assert entry["jax"] == jax.__version__ and entry["device"].startswith("cpu")
+    # another process (empty memory cache) reads the disk cache: no second measurement
+    monkeypatch.setattr(autotune, "_MEMORY", {})
+    jax.jit(lambda w, x, s: ClientMap("auto").map_sum(_client(w), x, s))(w + 1, x, s)
+    assert calls == [True]
+    # a different cohort size is another key
+    jax.jit(lambda w, x, s: ClientMap("auto").map_sum(_client(w), x, s))(w, x[:5], s[:5])
+    assert calls == [True, True]
+
+
+def test_measure_times_every_candidate(tuning):
+    w = jnp.ones((4, 3))
+    x, s = jnp.ones((6, 4)), jnp.ones((6,))
+
+    @jax.jit
+    def run(w, x, s):
+        key, closed, out_tree = autotune.cache_key(_client(w), (x, s), True)
+        times = autotune.measure(_client(w), (x, s), True, closed, out_tree, progress=False)
+        assert set(times) == {"1", "2", "4", "vmap"}  # chunks >= the cohort are vmap
+        assert all(t > 0 for t in times.values())
+        return ClientMap("auto").map(lambda x: x * 2, x)
+
+    np.testing.assert_array_equal(np.asarray(run(w, x, s)), 2 * np.ones((6, 4)))
+
+
+def test_auto_without_measuring_is_the_static_rule(monkeypatch):
+    monkeypatch.setenv("FEDJAX_SIM_AUTOTUNE", "0")
+    assert not autotune.enabled()
+    assert ClientMap("auto").resolve(100) == ("map", 8)
+
+
+def test_fit_population_chooses_device_then_streamed():
+    from fedjax_sim.parallel import fit_population
+
+    kw = dict(data_bytes_per_client=1000, per_client_bytes=100, backend="gpu")
+    small = fit_population(1000, 10, budget_bytes=20_000_000, **kw)
+    assert small.placement == "device" and small.device_bytes == 1_000_000
+    assert small.client_map.mode == "vmap"
+    big = fit_population(10**6, 10, budget_bytes=20_000_000, **kw)  # 1 GB of data
+    assert big.placement == "streamed" and big.device_bytes == 3 * 10 * 1000 + 8 * 10**6
+    assert big.client_map.mode == "vmap"
+    with pytest.raises(ValueError, match="neither placement"):
+        fit_population(10**6, 10, budget_bytes=20_000_000, state_bytes_per_client=20, **kw)
