@@ -37,6 +37,7 @@ from typing import Any, Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import struct
 
 from fedjax_sim import schedules
@@ -60,6 +61,7 @@ from fedjax_sim.algorithms.core import (
     client_key,
     payload_metrics,
     round_key,
+    server_update,
 )
 from fedjax_sim.algorithms.hooks import scaled
 from fedjax_sim.data.federated import FederatedData
@@ -145,6 +147,36 @@ def apply_at(aggregate: jax.Array, params: Params, direction: Params, scale: Any
     """`x + scale * direction` if `aggregate` else x (the server step of a buffered rule)."""
     return jax.tree.map(
         lambda x, b: jnp.where(aggregate, x + (scale * b).astype(x.dtype), x), params, direction
+    )
+
+
+class ServerStep(NamedTuple):
+    """The server step of a gradient-type asynchronous rule (`server_step`)."""
+
+    init: Callable[[Params], Any]  # params -> optimizer state (None for a float eta_g)
+    # (aggregate, x, direction, coef, state) -> (x, state): x + coef(eta_g) direction
+    apply: Callable[..., tuple[Params, Any]]
+
+
+def server_step(opt: Any) -> ServerStep:
+    """A float eta_g: `x + coef(eta_g) * direction` at an aggregation (the rules' own
+    arithmetic); an optax transformation: applied, at an aggregation only, to the
+    pseudo-gradient `-coef(1) * direction` (as `compose`'s server optimizer), its state kept
+    across aggregations."""
+    if isinstance(opt, optax.GradientTransformation):
+
+        def apply(aggregate, x, direction, coef, state):
+            update = jax.tree.map(lambda b: coef(1.0) * b, direction)
+            return server_update(x, update, opt, state, aggregate)
+
+        return ServerStep(opt.init, apply)
+    positive("server_optimizer (eta_g)", opt)
+    return ServerStep(
+        lambda params: None,
+        lambda aggregate, x, direction, coef, state: (
+            apply_at(aggregate, x, direction, coef(opt)),
+            state,
+        ),
     )
 
 
@@ -340,20 +372,32 @@ def compose_async(
 
 
 # ------------------------------------------------------------------------------ rules
-def buffered(staleness: Callable[[jax.Array], Any], eta: Any, *, mean: bool) -> ServerRule:
+class Buffer(NamedTuple):
+    """State of a buffered rule: the buffered deltas and the server optimizer's state."""
+
+    buffer: Params
+    opt_state: Any
+
+
+def buffered(staleness: Callable[[jax.Array], Any], server: Any, *, mean: bool) -> ServerRule:
     """A buffer of staleness-weighted deltas `buf += s(tau_i) (x_i - r_i)`, applied at an
     aggregation as `x_s <- x_s + eta_g buf` (AS-FedAvg, s = 1) or `x_s <- x_s + eta_g buf /
-    cnt` with cnt the buffered deliveries (`mean`, FedBuff); then emptied. State: buf."""
-    positive("server_optimizer (eta_g)", eta)
+    cnt` with cnt the buffered deliveries (`mean`, FedBuff); then emptied. `server`: eta_g
+    (a float) or an optax transformation on the pseudo-gradient `-buf` (`-buf / cnt`)."""
+    step = server_step(server)
 
-    def apply(buf, x, d: Deliveries):
+    def apply(state: Buffer, x, d: Deliveries):
         s = jnp.where(d.active, staleness(d.tau), 0.0)
         deltas = jax.tree.map(jnp.subtract, d.results, d.start)
-        buf = jax.tree.map(jnp.add, buf, masked_sum(deltas, s))
-        x = apply_at(d.aggregate, x, buf, eta / jnp.maximum(d.buffered, 1) if mean else eta)
-        return x, jax.tree.map(lambda b: jnp.where(d.aggregate, jnp.zeros_like(b), b), buf)
+        buf = jax.tree.map(jnp.add, state.buffer, masked_sum(deltas, s))
+        coef = (lambda eta: eta / jnp.maximum(d.buffered, 1)) if mean else (lambda eta: eta)
+        x, opt_state = step.apply(d.aggregate, x, buf, coef, state.opt_state)
+        buf = jax.tree.map(lambda b: jnp.where(d.aggregate, jnp.zeros_like(b), b), buf)
+        return x, Buffer(buf, opt_state)
 
-    return ServerRule(lambda params, c: jax.tree.map(jnp.zeros_like, params), apply)
+    return ServerRule(
+        lambda params, c: Buffer(jax.tree.map(jnp.zeros_like, params), step.init(params)), apply
+    )
 
 
 def mixed(mixing: Any, staleness: Callable[[jax.Array], Any]) -> ServerRule:
@@ -389,7 +433,8 @@ class AsyncOptions:
       events: the event model (`fedjax_sim.events.Events`). If None: Bernoulli
         (`firing_probability`) arrivals for `num_clients` clients, aggregation every
         `buffer_size` deliveries, `capacity` slots.
-      server_optimizer: eta_g, the server's SGD learning rate (a float).
+      server_optimizer: eta_g, the server's SGD learning rate (a float), or an optax
+        transformation on the pseudo-gradient at each aggregation (AS-FedAvg, FedBuff, MIFA).
       client_optimizer: float alpha (SGD), schedule of the read iteration
         (`diminishing(alpha0, power)`), optax transformation, or callable of it.
       local: K local steps (default 1, minibatch 32 with replacement; "full": exact grads).

@@ -27,28 +27,29 @@ from fedjax_sim.algorithms.asynchronous import (
     AsyncOptions,
     Deliveries,
     ServerRule,
-    apply_at,
     async_preset,
     asynchronous,
     broadcast,
     masked_sum,
+    server_step,
 )
-from fedjax_sim.algorithms.compose import positive
 from fedjax_sim.algorithms.core import Algorithm, LossFn, Params
 from fedjax_sim.events import set_rows, take_rows
 
 
 class Memory(NamedTuple):
-    """MIFA's server state: G_i `[C, ...]` and their sum."""
+    """MIFA's server state: G_i `[C, ...]`, their sum and the server optimizer's state."""
 
     memory: Params
     memory_sum: Params
+    opt_state: Any = None
 
 
-def memory(eta: Any) -> ServerRule:
+def memory(server: Any) -> ServerRule:
     """MIFA's rule: `G_i <- r_i - x_i` for the delivering clients; at an aggregation
-    `x_s <- x_s - (eta_g / n) sum_i G_i`."""
-    positive("server_optimizer (eta_g)", eta)
+    `x_s <- x_s - (eta_g / n) sum_i G_i` (`server`: eta_g, or an optax transformation on the
+    pseudo-gradient `(1/n) sum_i G_i`)."""
+    step = server_step(server)
 
     def apply(state: Memory, x, d: Deliveries):
         updates = jax.tree.map(jnp.subtract, d.start, d.results)  # G_i = r_i - x_i
@@ -56,12 +57,13 @@ def memory(eta: Any) -> ServerRule:
         total = jax.tree.map(
             jnp.add, state.memory_sum, masked_sum(change, d.active.astype(jnp.float32))
         )
-        x = apply_at(d.aggregate, x, total, -(eta / d.num_clients))
-        return x, Memory(set_rows(state.memory, d.ids, d.active, updates), total)
+        coef = lambda eta: -(eta / d.num_clients)  # noqa: E731
+        x, opt_state = step.apply(d.aggregate, x, total, coef, state.opt_state)
+        return x, Memory(set_rows(state.memory, d.ids, d.active, updates), total, opt_state)
 
     def init(params, c):
         zeros = jax.tree.map(jnp.zeros_like, params)
-        return Memory(broadcast(zeros, c), zeros)
+        return Memory(broadcast(zeros, c), zeros, step.init(params))
 
     return ServerRule(init, apply)
 

@@ -195,3 +195,30 @@ def test_every_preset_is_exported_from_the_top_level_package():
     for name, factory in ALGORITHMS.items():
         assert getattr(fedjax_sim, name) is factory, name
         assert name in fedjax_sim.__all__
+
+
+def test_async_rules_take_an_optax_server_optimizer(x64):
+    """FedBuff / MIFA with `server_optimizer=optax.sgd(eta)` equal the float eta_g (to
+    round-off: the coefficient is applied in another order; AS-FedAvg shares FedBuff's rule);
+    with Adam the server state advances exactly once per aggregation."""
+    from fedjax_sim.algorithms import fedbuff, mifa
+    from fedjax_sim.events import Aggregation, Arrivals, Events
+
+    problem = least_squares(num_clients=6, examples_per_client=8, dim=3, seed=4)
+    events = Events(Arrivals.categorical(np.linspace(1.0, 2.0, 6)), Aggregation.every(2))
+    kw = dict(events=events, client_optimizer=0.05, local=LocalSpec(steps=2, batch_size=4))
+    loss, key = linear_regression(3).loss, jax.random.key(3)
+    for factory in (fedbuff, mifa):
+        plain, _ = run(factory(loss, server_optimizer=0.7, **kw), np.ones(3), problem.data, 9, key)
+        sgd = factory(loss, server_optimizer=optax.sgd(0.7), **kw)
+        opt, _ = run(sgd, np.ones(3), problem.data, 9, key)
+        np.testing.assert_allclose(opt.params["w"], plain.params["w"], rtol=1e-12, atol=1e-14)
+        if factory is mifa:
+            continue
+        adam, metrics = run(
+            factory(loss, server_optimizer=optax.adam(0.1), **kw), np.ones(3), problem.data, 9, key
+        )
+        aggregations = sum(int(m["aggregated"]) for m in metrics)
+        assert 0 < aggregations < 9
+        count = jax.tree.leaves(adam.rule.opt_state)[0]  # optax's step count
+        assert int(count) == aggregations, factory.__name__
