@@ -16,17 +16,7 @@ import sys
 import tempfile
 import time
 
-
-def rss_bytes(pid: int) -> int:
-    """Resident set of a process (0 once it has exited)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+from fedjax_sim.bench.suites import rss_of
 
 
 def run(rounds: int, sample_s: float, extra: list[str]) -> dict:
@@ -44,7 +34,7 @@ def run(rounds: int, sample_s: float, extra: list[str]) -> dict:
             if os.path.exists(csv_path):
                 with open(csv_path, "rb") as f:
                     rows = max(0, sum(1 for _ in f) - 2)  # header and round 0
-            samples.append((round(time.perf_counter() - t0, 1), rss_bytes(proc.pid), rows))
+            samples.append((round(time.perf_counter() - t0, 1), rss_of(proc.pid), rows))
         wall = time.perf_counter() - t0
         stdout, stderr = proc.communicate()
         with open(os.path.join(out, "history.json")) as f:

@@ -104,7 +104,8 @@ def fit(w: Workload, budget: int) -> Workload:
 
 
 # ------------------------------------------------------------------------------ running
-def _rss_of(pid: int) -> int:
+def rss_of(pid: int) -> int:
+    """Resident set of a process in bytes (0 once it has exited)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
@@ -130,7 +131,7 @@ def run_isolated(spec: dict[str, Any], kill_bytes: int, timeout_s: float) -> dic
             proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
             t0, peak, reason = time.monotonic(), 0, None
             while proc.poll() is None:
-                rss = _rss_of(proc.pid)
+                rss = rss_of(proc.pid)
                 peak = max(peak, rss)
                 if rss > kill_bytes:
                     reason = (
