@@ -137,12 +137,13 @@ def _epsilon(acc: PrivacyAccounting, rounds: int) -> float:
         return 0.0
     if acc.noise_multiplier == 0:
         return math.inf
-    accountant = acc.make_accountant()
-    accountant.compose(acc.event(rounds))
     with _quiet():
+        accountant = acc.make_accountant()
+        accountant.compose(acc.event(rounds))
         return float(accountant.get_epsilon(acc.delta))
 
 
+@functools.lru_cache(maxsize=64)
 def calibrate_noise(
     acc: PrivacyAccounting, target_epsilon: float, rounds: int, *, tolerance: float = 1e-3
 ) -> float:

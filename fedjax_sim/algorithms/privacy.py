@@ -42,7 +42,7 @@ import jax.numpy as jnp
 from jax_privacy.clipping import clip_pytree
 
 from fedjax_sim.algorithms.compose import Aggregator, non_negative, positive
-from fedjax_sim.algorithms.core import CohortSpec, tree_norm
+from fedjax_sim.algorithms.core import CohortSpec
 from fedjax_sim.data.federated import tree_size_bytes
 
 SERVER_NOISE = 0x7FFFFFFF  # folded into the uplink key for the server's noise (not a client id)
@@ -126,8 +126,7 @@ def dp_mean(
 
     def encode(update, rows, key, server):
         c = server["clip"]
-        norm = tree_norm(update)
-        clipped = clip_pytree(update, c)
+        clipped, norm = clip_pytree(update, c)  # (clipped tree, its original norm)
         return (clipped, (norm <= c).astype(jnp.float32) - 0.5), rows
 
     def reduce(server, total, weight, stacked, weights, key):
