@@ -333,7 +333,7 @@ def check_privacy_robustness(cfg: RunConfig, explicit: Collection[str]) -> None:
             raise UsageError("--dp-clip needs --cohort-sampling uniform or bernoulli")
         if cfg.weighting == "counts" and "weighting" in explicit:
             raise UsageError("--dp-clip needs --weighting uniform (each client counts once)")
-        if cfg.cohort_sampling == "bernoulli" and "cohort_size" in explicit:
+        if cfg.cohort_sampling == "bernoulli" and "cohort_size" in explicit and cfg.cohort_size:
             raise UsageError(
                 "--dp-clip with bernoulli cohorts needs an exact cohort: drop "
                 "--cohort-size (a capacity would truncate the Poisson sample)"
