@@ -19,7 +19,13 @@ import tyro
 
 from fedjax_sim import validate
 from fedjax_sim.bench.config import BenchConfig
-from fedjax_sim.config import RunConfig, build_run, check_config, explicit_fields
+from fedjax_sim.config import (
+    RunConfig,
+    build_run,
+    check_config,
+    explicit_fields,
+    privacy_accounting,
+)
 from fedjax_sim.sweep_cli import SweepConfig, sweep_command
 from fedjax_sim.validate import UsageError
 
@@ -69,6 +75,7 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
         check_config(cfg)
         mesh = _setup_devices(cfg)
         dataset, model, algorithm, client_map = build_run(cfg, mesh, explicit)
+        privacy = privacy_accounting(cfg, dataset.train.num_clients)
     except UsageError:
         raise
     except (ValueError, TypeError, FileNotFoundError) as e:  # bad settings or missing data
@@ -114,6 +121,7 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
             },
             client_map=client_map,
             mesh=mesh,
+            privacy=None if privacy is None else privacy.epsilon,
         )
     except NonFiniteError as e:
         print(f"fedjax-sim: error: {e}", file=sys.stderr)
@@ -140,6 +148,11 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
         line += (
             f" (client mean {final['client_accuracy_mean']:.4f}, "
             f"worst {final['client_accuracy_worst']:.4f})"
+        )
+    if "epsilon" in final:
+        line += (
+            f"; epsilon {final['epsilon']:.4g} at delta {cfg.dp_delta:g} (noise multiplier "
+            f"{privacy.noise_multiplier:.4g})"
         )
     print(
         f"{line} after {history.num_rounds} rounds in {history.meta['seconds']:.1f} s; "

@@ -52,8 +52,12 @@ class RunConfig:
     """Number of communication rounds."""
     cohort_size: int | None = 10
     """Clients per round (None = all)."""
-    cohort_sampling: Literal["uniform", "proportional"] = "uniform"
-    """Uniform without replacement, or with replacement proportional to client size."""
+    cohort_sampling: Literal["uniform", "proportional", "bernoulli"] = "uniform"
+    """Uniform without replacement, with replacement proportional to client size, or
+    Bernoulli (Poisson): each client independently with --cohort-probability (then
+    --cohort-size, if given, is the capacity of the cohort buffer)."""
+    cohort_probability: float | None = None
+    """Participation probability q of --cohort-sampling bernoulli."""
     weighting: Literal["auto", "counts", "uniform"] = "auto"
     """Aggregation weights of client updates."""
     client_lr: float = 0.1
@@ -77,6 +81,33 @@ class RunConfig:
     """FedProx proximal coefficient."""
     straggler_fraction: float = 0.0
     """Fraction of each cohort that straggles (FedProx keeps partial work, others drop)."""
+    dp_clip: float | None = None
+    """User-level DP (DP-FedAvg): clip each client's update to this L2 norm (the initial norm
+    with --dp-quantile); the sum is noised and divided by the expected cohort size."""
+    dp_noise: float = 0.0
+    """DP noise multiplier z (noise std z * clip per coordinate on the sum)."""
+    dp_delta: float = 1e-5
+    """DP delta at which epsilon is reported."""
+    target_epsilon: float | None = None
+    """Calibrate --dp-noise so that epsilon after --rounds rounds is this (<=, within 1 %)."""
+    dp_quantile: float | None = None
+    """Adaptive clipping (Andrew et al. 2021): the clip norm tracks this quantile of the
+    update norms."""
+    dp_accountant: Literal["rdp", "pld"] = "rdp"
+    """Privacy accountant of dp_accounting (uniform cohorts: rdp)."""
+    aggregator: Literal[
+        "mean", "median", "trimmed_mean", "krum", "multi_krum", "geometric_median", "centered_clip"
+    ] = "mean"
+    """Aggregator of the client updates (robust ones need the [M, d] updates)."""
+    aggregator_args: tuple[str, ...] = ()
+    """Hyper-parameters of --aggregator as key=value (trimmed_mean: beta; krum: f;
+    multi_krum: f, m; geometric_median: iters, nu; centered_clip: tau, iters; chunk)."""
+    attack: Literal["sign_flip", "scale", "gaussian", "alie", "label_flip"] | None = None
+    """Byzantine attack of --byzantine-fraction of the clients."""
+    byzantine_fraction: float = 0.1
+    """Fraction of Byzantine clients (fixed set drawn from --seed)."""
+    attack_args: tuple[str, ...] = ()
+    """Attack hyper-parameters as key=value (scale, sampling=fixed|round)."""
     hparams: tuple[str, ...] = ()
     """Extra algorithm hyper-parameters as key=value (e.g. --hparams momentum=0.9)."""
     client_map: Literal["auto", "vmap", "map"] = "auto"
@@ -232,9 +263,21 @@ ALGORITHM_FLAGS: dict[str, str] = {
     "sampling": "local",
     "cohort_size": "cohort",
     "cohort_sampling": "cohort",
+    "cohort_probability": "cohort",
     "weighting": "cohort",
     "mu": "mu",
     "straggler_fraction": "stragglers",
+    "dp_clip": "aggregator",
+    "dp_noise": "aggregator",
+    "dp_delta": "aggregator",
+    "target_epsilon": "aggregator",
+    "dp_quantile": "aggregator",
+    "dp_accountant": "aggregator",
+    "aggregator": "aggregator",
+    "aggregator_args": "aggregator",
+    "attack": "attack",
+    "byzantine_fraction": "attack",
+    "attack_args": "attack",
 }
 
 
@@ -258,9 +301,147 @@ def make_client_map(cfg: RunConfig, mesh=None):
     return ClientMap(cfg.client_map, cfg.map_batch_size, mesh=mesh)
 
 
-def _concept_values(cfg: RunConfig, factory: Any) -> dict[str, Any]:
+def _cohort_spec(cfg: RunConfig, explicit: Collection[str]):
+    from fedjax_sim.algorithms.core import CohortSpec
+
+    weighting = cfg.weighting
+    if cfg.dp_clip is not None and "weighting" not in explicit:
+        weighting = "uniform"  # DP: every participant counts once
+    if cfg.cohort_sampling == "bernoulli":
+        size = cfg.cohort_size if "cohort_size" in explicit else None
+        return CohortSpec(size, "bernoulli", weighting, cfg.cohort_probability)
+    return CohortSpec(cfg.cohort_size, cfg.cohort_sampling, weighting, cfg.cohort_probability)
+
+
+def check_privacy_robustness(cfg: RunConfig, explicit: Collection[str]) -> None:
+    """UsageError (one line) for DP / robust / attack flags that cannot work together."""
+    explicit = set(explicit)
+    dp_only = ["dp_noise", "dp_delta", "target_epsilon", "dp_quantile", "dp_accountant"]
+    if cfg.dp_clip is None:
+        for name in dp_only:
+            if name in explicit:
+                raise UsageError(f"--{name.replace('_', '-')} needs --dp-clip (DP-FedAvg)")
+    else:
+        if cfg.aggregator != "mean":
+            raise UsageError(
+                f"--dp-clip replaces the mean: it cannot be combined with "
+                f"--aggregator {cfg.aggregator}"
+            )
+        if cfg.target_epsilon is not None and "dp_noise" in explicit:
+            raise UsageError("--target-epsilon calibrates --dp-noise: give one of them")
+        if cfg.cohort_sampling == "proportional":
+            raise UsageError("--dp-clip needs --cohort-sampling uniform or bernoulli")
+        if cfg.weighting == "counts" and "weighting" in explicit:
+            raise UsageError("--dp-clip needs --weighting uniform (each client counts once)")
+        if cfg.cohort_sampling == "bernoulli" and "cohort_size" in explicit and cfg.cohort_size:
+            raise UsageError(
+                "--dp-clip with bernoulli cohorts needs an exact cohort: drop "
+                "--cohort-size (a capacity would truncate the Poisson sample)"
+            )
+        if (
+            cfg.dp_accountant == "pld"
+            and cfg.cohort_sampling == "uniform"
+            and (cfg.cohort_size is not None and cfg.cohort_size < cfg.num_clients)
+        ):
+            raise UsageError(
+                "--dp-accountant pld does not account sampling without "
+                "replacement: use rdp or bernoulli cohorts"
+            )
+    if cfg.aggregator_args and cfg.aggregator == "mean":
+        raise UsageError("--aggregator-args needs a robust --aggregator")
+    if cfg.attack is None:
+        for name in ("byzantine_fraction", "attack_args"):
+            if name in explicit:
+                raise UsageError(f"--{name.replace('_', '-')} needs --attack")
+    if cfg.cohort_sampling == "bernoulli" and cfg.cohort_probability is None:
+        raise UsageError("--cohort-sampling bernoulli needs --cohort-probability")
+    if cfg.cohort_probability is not None and cfg.cohort_sampling != "bernoulli":
+        raise UsageError("--cohort-probability needs --cohort-sampling bernoulli")
+
+
+def privacy_accounting(cfg: RunConfig, num_clients: int | None = None):
+    """The `accounting.PrivacyAccounting` of a DP run (None without --dp-clip), with z
+    calibrated for --target-epsilon over --rounds."""
+    if cfg.dp_clip is None:
+        return None
+    from fedjax_sim.accounting import PrivacyAccounting
+
+    c = cfg.num_clients if num_clients is None else num_clients
+    if cfg.cohort_sampling == "bernoulli":
+        kind = dict(sampling="poisson", probability=cfg.cohort_probability)
+    elif cfg.cohort_size is None or cfg.cohort_size >= c:
+        kind = dict(sampling="full")
+    else:
+        kind = dict(sampling="uniform", cohort_size=cfg.cohort_size)
+    try:
+        acc = PrivacyAccounting(
+            cfg.dp_noise, c, delta=cfg.dp_delta, accountant=cfg.dp_accountant, **kind
+        )
+        if cfg.target_epsilon is not None:
+            acc = acc.calibrated(cfg.target_epsilon, cfg.rounds)
+    except ValueError as e:
+        raise UsageError(f"--dp-clip: {e}") from e
+    return acc
+
+
+def _aggregator(cfg: RunConfig, num_clients: int):
+    from fedjax_sim.algorithms import privacy, robust
+
+    if cfg.dp_clip is not None:
+        acc = privacy_accounting(cfg, num_clients)
+        m = privacy.expected_cohort_size(_cohort_spec(cfg, ()), num_clients)
+        adaptive = (
+            privacy.AdaptiveClipping(cfg.dp_quantile) if cfg.dp_quantile is not None else None
+        )
+        return privacy.dp_mean(acc.noise_multiplier, cfg.dp_clip, m, adaptive=adaptive)
+    if cfg.aggregator == "mean":
+        return None
+    factory = robust.ROBUST[cfg.aggregator]
+    return factory(**_typed_args("--aggregator-args", cfg.aggregator, factory, cfg.aggregator_args))
+
+
+def _typed_args(flag: str, what: str, factory: Any, items: Sequence[str]) -> dict[str, Any]:
+    params = inspect.signature(factory).parameters
+    out = {}
+    for name, value in parse_hparams(items).items():
+        if name not in params:
+            raise UsageError(f"{flag} {name}: {what} takes {sorted(params)}")
+        default = params[name].default
+        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if (
+            default is not None
+            and default is not inspect.Parameter.empty
+            and (type(value) is not type(default))
+        ):
+            raise UsageError(
+                f"{flag} {name}={value!r}: {what}'s {name} is a {type(default).__name__}"
+            )
+        out[name] = value
+    return out
+
+
+def _attack(cfg: RunConfig, data: Any):
+    if cfg.attack is None:
+        return None
+    import numpy as np
+
+    from fedjax_sim.algorithms.attacks import Attack
+
+    args = _typed_args("--attack-args", cfg.attack, Attack, cfg.attack_args)
+    num_classes = None
+    if cfg.attack == "label_flip":
+        num_classes = 10 if data is None else int(np.max(np.asarray(data.y))) + 1
+    return Attack(
+        cfg.attack, cfg.byzantine_fraction, seed=cfg.seed, num_classes=num_classes, **args
+    )
+
+
+def _concept_values(
+    cfg: RunConfig, factory: Any, explicit: Collection[str] = (), data: Any = None
+) -> dict[str, Any]:
     """The value of each concept the flags set, for `factory`."""
-    from fedjax_sim.algorithms.core import CohortSpec, LocalSpec, Stragglers
+    from fedjax_sim.algorithms.core import LocalSpec, Stragglers
     from fedjax_sim.schedules import round_decay
 
     params = inspect.signature(factory).parameters
@@ -269,7 +450,7 @@ def _concept_values(cfg: RunConfig, factory: Any) -> dict[str, Any]:
         client = round_decay(cfg.client_lr, cfg.client_lr_decay)
     stragglers = params.get("stragglers")
     policy = getattr(getattr(stragglers, "default", None), "policy", "partial")
-    return {
+    values = {
         "client_optimizer": client,
         "server_optimizer": cfg.server_lr,
         "local": LocalSpec(
@@ -278,10 +459,17 @@ def _concept_values(cfg: RunConfig, factory: Any) -> dict[str, Any]:
             batch_size=cfg.batch_size,
             sampling=cfg.sampling,
         ),
-        "cohort": CohortSpec(cfg.cohort_size, cfg.cohort_sampling, cfg.weighting),
+        "cohort": _cohort_spec(cfg, explicit),
         "mu": cfg.mu,
         "stragglers": Stragglers(cfg.straggler_fraction, policy),
     }
+    if "aggregator" in params:
+        values["aggregator"] = _aggregator(
+            cfg, cfg.num_clients if data is None else data.num_clients
+        )
+    if "attack" in params:
+        values["attack"] = _attack(cfg, data)
+    return values
 
 
 def hyper_parameters(factory: Any) -> dict[str, inspect.Parameter]:
@@ -346,8 +534,12 @@ def algorithm_kwargs(
                 f"--{flag.replace('_', '-')} is not used by {cfg.algorithm} (it has no "
                 f"{concept}); see `fedjax-sim list --what algorithms`"
             )
-    values = _concept_values(cfg, factory)
-    kwargs = {k: v for k, v in values.items() if k in accepted}
+    check_privacy_robustness(cfg, explicit)
+    try:
+        values = _concept_values(cfg, factory, explicit, data)
+    except ValueError as e:  # an aggregator's / attack's own check
+        raise UsageError(str(e)) from e
+    kwargs = {k: v for k, v in values.items() if k in accepted and v is not None}
     if "num_clients" in accepted:
         kwargs["num_clients"] = cfg.num_clients if data is None else data.num_clients
     if data is not None and "data" in accepted:

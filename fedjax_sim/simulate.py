@@ -211,6 +211,7 @@ def simulate(
     client_map: ClientMap = ClientMap(),
     mesh: Mesh | None = None,
     on_resume: Callable[[int], None] | None = None,
+    privacy: Callable[[int], float] | None = None,
 ) -> History:
     """Runs `num_rounds` steps of `algorithm` and returns the `History`.
 
@@ -233,6 +234,9 @@ def simulate(
       meta: extra information stored in `History.meta` (e.g. the CLI config).
       client_map: mapping used for per-client evaluation.
       on_resume: called with the restored round after a resume, before compiling.
+      privacy: `rounds -> epsilon` (e.g. `accounting.PrivacyAccounting(...).epsilon`),
+        evaluated on the host at every evaluation: `epsilon` in the evaluation rows and
+        the progress bar.
       mesh: a device mesh with a `"clients"` axis: per-client arrays of the data and of the
         state are placed sharded by client, the rest replicated (build the algorithm with
         `ClientMap(mesh=mesh)` so cohorts are sharded too). Multi-process runs pass global
@@ -279,6 +283,8 @@ def simulate(
     def do_eval(round_: int, state: Any) -> dict[str, float]:
         results = distributed.fetch(evaluate(state.params, data, test))
         values = {k: float(v) for k, v in results.items()}
+        if privacy is not None:
+            values["epsilon"] = float(privacy(round_))
         history.append_eval(round_, values)
         return values
 
@@ -413,4 +419,6 @@ def _postfix(metrics: dict[str, np.ndarray], values: dict[str, float]) -> dict[s
         out["loss"] = f"{float(np.asarray(metrics['train_loss'])[-1]):.4f}"
     if "test_accuracy" in values:
         out["acc"] = f"{values['test_accuracy']:.4f}"
+    if "epsilon" in values:
+        out["eps"] = f"{values['epsilon']:.3g}"
     return out

@@ -96,6 +96,13 @@ RULES: dict[str, Range] = {
     "mu": NONNEG,
     "local_epochs": POSITIVE,
     "straggler_fraction": Range(0, 1),
+    "cohort_probability": Range(0, 1, lo_open=True),
+    "dp_clip": POSITIVE,
+    "dp_noise": NONNEG,
+    "dp_delta": Range(0, 1, lo_open=True, hi_open=True),
+    "target_epsilon": POSITIVE,
+    "dp_quantile": Range(0, 1, lo_open=True, hi_open=True),
+    "byzantine_fraction": Range(0, 1),
     # bench
     "clients": POSITIVE_INT,
     "per_client": POSITIVE_INT,

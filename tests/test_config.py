@@ -35,6 +35,20 @@ CHANGED = {
     "weighting": ("uniform", "counts"),  # one of the two differs from the base's "auto"
     "mu": 0.5,
     "straggler_fraction": 1.0,
+    # issue 21: alone, only --dp-clip, --aggregator and --attack change a run; the others need
+    # one of them (refused with a line naming the flag)
+    "cohort_probability": 0.5,
+    "dp_clip": 0.01,
+    "dp_noise": 1.0,
+    "dp_delta": 1e-6,
+    "target_epsilon": 2.0,
+    "dp_quantile": 0.5,
+    "dp_accountant": "pld",
+    "aggregator": "median",
+    "aggregator_args": ("beta=0.2",),
+    "attack": "sign_flip",
+    "byzantine_fraction": 0.5,
+    "attack_args": ("scale=2.0",),
 }
 assert set(CHANGED) == set(ALGORITHM_FLAGS)
 

@@ -318,6 +318,8 @@ class ClientWork:
         (`optax.add_decayed_weights`, torch SGD's placement).
       stragglers: FedProx's systems heterogeneity (synchronous rounds only).
       box: optional `(lower, upper)`: project onto the box after every local step.
+      attack: optional `attacks.Attack`: Byzantine clients poison their data or the update
+        they send (the cohort-level ALIE is applied by `compose`).
     """
 
     loss_fn: LossFn
@@ -327,6 +329,7 @@ class ClientWork:
     weight_decay: Any = 0.0
     stragglers: Stragglers = Stragglers()
     box: tuple[float, float] | None = None
+    attack: Any = None
 
     def __post_init__(self):
         check_client_optimizer(self.client_optimizer)
@@ -405,6 +408,11 @@ class ClientWork:
             )
             for h in hooks
         }  # `server` holds the hooks' broadcast values (`ClientWork.broadcast`)
+        client_data = data.client(client)
+        byzantine = None
+        if self.attack is not None:
+            byzantine = self.attack.is_byzantine(client, round_, data.num_clients)
+            client_data = self.attack.poison_data(client_data, byzantine)
         grad_fn = None
         if hooks:
 
@@ -423,7 +431,7 @@ class ClientWork:
 
         result = local_train(
             params,
-            data.client(client),
+            client_data,
             key,
             loss_fn=self.loss_fn,
             optimizer=optimizer,
@@ -443,6 +451,8 @@ class ClientWork:
                 new_rows[h.name] = row
             summands[h.name], outputs[h.name] = summand, output
             update = h.send(ctxs[h.name], outcome._replace(delta=update))
+        if self.attack is not None:
+            update = self.attack.poison_update(update, byzantine, key)
         return ClientResult(
             result.loss, result.steps, result.params, delta, update, new_rows, summands, outputs
         )
@@ -775,6 +785,8 @@ def compose(
         raise ValueError(f"num_clients must be an int >= 1, got {num_clients!r}")
     hooks = work.hook.hooks
     uniform_work = work.local.epochs is None and work.stragglers.fraction == 0.0
+    cohort_attack = work.attack is not None and work.attack.cohort_level
+    stack_sent = aggregator.stacked or cohort_attack
 
     def init(params: Params, key: jax.Array) -> FederatedState:
         del key
@@ -829,7 +841,7 @@ def compose(
                 res.update, agg_row, client_key(uplink_key, cid), agg_server
             )
             summand = (sent, res.loss, tree_sq_norm(res.delta), res.summands)
-            stacked = sent if aggregator.stacked else None
+            stacked = sent if stack_sent else None
             return summand, (res.steps, res.rows, agg_row, res.outputs, stacked)
 
         total, total_weight, outs = map_weighted_sum(
@@ -845,6 +857,13 @@ def compose(
         total_sent, others = total[0], total[1:]
         train_loss, mean_sq_norm, hook_means = mean_of_total(others, total_weight)
         local_steps, new_rows, new_agg_rows, outputs, stacked = outs
+        if cohort_attack:  # ALIE: Byzantine rows replaced from the cohort's sent updates
+            byzantine = jax.vmap(lambda c: work.attack.is_byzantine(c, t, data.num_clients))(ids)
+            stacked = work.attack.poison_cohort(stacked, byzantine, weights)
+            total_sent = jax.tree.map(
+                lambda x: jnp.tensordot(weights.astype(x.dtype), x, axes=1), stacked
+            )
+            stacked = stacked if aggregator.stacked else None
         update, agg_server, agg_metrics = aggregator.reduce(
             agg_server, total_sent, total_weight, stacked, weights, uplink_key
         )
@@ -949,6 +968,7 @@ class Options:
     num_clients: int | None = None
     client_map: ClientMap = ClientMap()
     report_cohort: bool = False
+    attack: Any = None
 
 
 def preset(
@@ -1021,6 +1041,7 @@ def synchronous(loss_fn: LossFn, options: Options, *hooks: LocalHook) -> Algorit
         hook=chain(*hooks),
         weight_decay=o.weight_decay,
         stragglers=o.stragglers,
+        attack=o.attack,
     )
     return compose(
         work,

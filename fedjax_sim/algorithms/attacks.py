@@ -1,0 +1,139 @@
+"""Byzantine clients as a wrapper of the client work: every synchronous preset takes
+`attack=Attack(...)` (a `compose.Options` field; `ClientWork.attack`).
+
+Who is Byzantine: the fixed `ids`, or `round(fraction C)` clients drawn once from `seed`
+(`sampling="fixed"`), or each cohort client independently with probability `fraction` in
+each round (`sampling="round"`). What they do:
+
+- `sign_flip`: send `-scale Delta_i` (Damaskinos et al. 2018; Allen-Zhu et al. 2021).
+- `scale`: model replacement, send `scale Delta_i` (Bagdasaryan et al., "How To Backdoor
+  Federated Learning", AISTATS 2020; boost factor `scale`).
+- `gaussian`: send `N(0, scale^2 I)` (Blanchard et al. 2017's Gaussian Byzantine workers).
+- `alie`: "a little is enough" (Baruch, Baruch, Goldberg, NeurIPS 2019): every Byzantine
+  cohort client sends `mu - z sigma` (coordinate-wise mean and std of the Byzantine clients'
+  own honest updates, as in the paper's non-omniscient setting; `z = scale`, default 1.0,
+  where the paper derives z from n and f). This needs
+  the cohort's updates: `compose` stacks the sent updates and replaces the Byzantine rows
+  (after the aggregator's `encode`; per-client aggregator memories are not affected).
+- `label_flip`: data poisoning, labels y -> num_classes - 1 - y on the Byzantine clients'
+  data (Tolpegin et al., "Data Poisoning Attacks Against Federated Learning Systems",
+  ESORICS 2020); they then train honestly.
+
+Honest clients are untouched (tested: exactly the chosen clients change).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+KINDS = ("sign_flip", "scale", "gaussian", "alie", "label_flip")
+ATTACK_NOISE = 0x5A77AC  # folded into the client's key for the Gaussian attack
+
+
+@dataclasses.dataclass(frozen=True)
+class Attack:
+    """A Byzantine attack (see the module docstring).
+
+    Attributes:
+      kind: sign_flip | scale | gaussian | alie | label_flip.
+      fraction: fraction of Byzantine clients (ignored when `ids` is given).
+      ids: fixed Byzantine client ids.
+      sampling: "fixed" (one set for the run, from `seed`) or "round" (drawn per round).
+      scale: sign_flip's / scale's factor, gaussian's std, ALIE's z (None: 1; scale: 10).
+      num_classes: classes of the labels (label_flip).
+      seed: seed of the fixed Byzantine set / of per-round draws.
+    """
+
+    kind: str
+    fraction: float = 0.1
+    ids: tuple[int, ...] | None = None
+    sampling: str = "fixed"
+    scale: float | None = None
+    num_classes: int | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"attack must be one of {'|'.join(KINDS)}, got {self.kind!r}")
+        if not 0.0 <= self.fraction <= 1.0:
+            raise ValueError(f"byzantine fraction must be in [0, 1], got {self.fraction}")
+        if self.sampling not in ("fixed", "round"):
+            raise ValueError(f"attack sampling must be fixed|round, got {self.sampling!r}")
+        if self.kind == "label_flip" and not (self.num_classes and self.num_classes >= 2):
+            raise ValueError("label_flip needs num_classes >= 2")
+        if self.ids is not None:
+            object.__setattr__(self, "ids", tuple(int(i) for i in self.ids))
+
+    @property
+    def factor(self) -> float:
+        if self.scale is not None:
+            return float(self.scale)
+        return 10.0 if self.kind == "scale" else 1.0
+
+    def byzantine_set(self, num_clients: int) -> jax.Array:
+        """`[C]` bool: the fixed Byzantine clients."""
+        if self.ids is not None:
+            return jnp.zeros(num_clients, bool).at[jnp.asarray(self.ids, jnp.int32)].set(True)
+        count = int(round(self.fraction * num_clients))
+        perm = jax.random.permutation(jax.random.key(self.seed), num_clients)
+        return jnp.zeros(num_clients, bool).at[perm[:count]].set(True)
+
+    def is_byzantine(self, client: jax.Array, round_: jax.Array, num_clients: int) -> jax.Array:
+        """[] bool for one client in round `round_`."""
+        if self.sampling == "round" and self.ids is None:
+            k = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.seed), round_), client)
+            return jax.random.uniform(k) < self.fraction
+        return self.byzantine_set(num_clients)[client]
+
+    def poison_data(self, data: Any, byzantine: jax.Array) -> Any:
+        """Label flipping of a client's `ClientData` (other kinds: unchanged)."""
+        if self.kind != "label_flip":
+            return data
+        y = jnp.where(byzantine, self.num_classes - 1 - data.y, data.y).astype(data.y.dtype)
+        return data._replace(y=y)
+
+    def poison_update(self, update: Any, byzantine: jax.Array, key: jax.Array) -> Any:
+        """The update a client sends (sign_flip / scale / gaussian; others unchanged)."""
+        s = self.factor
+        if self.kind == "sign_flip":
+            bad = jax.tree.map(lambda u: -s * u, update)
+        elif self.kind == "scale":
+            bad = jax.tree.map(lambda u: s * u, update)
+        elif self.kind == "gaussian":
+            leaves, treedef = jax.tree.flatten(update)
+            keys = jax.random.split(jax.random.fold_in(key, ATTACK_NOISE), len(leaves))
+            bad = jax.tree.unflatten(
+                treedef,
+                [
+                    (s * jax.random.normal(k, u.shape, jnp.float32)).astype(u.dtype)
+                    for u, k in zip(leaves, keys, strict=True)
+                ],
+            )
+        else:
+            return update
+        return jax.tree.map(lambda b, u: jnp.where(byzantine, b, u).astype(u.dtype), bad, update)
+
+    @property
+    def cohort_level(self) -> bool:
+        return self.kind == "alie"
+
+    def poison_cohort(self, stacked: Any, byzantine: jax.Array, weights: jax.Array) -> Any:
+        """ALIE on the stacked sent updates `[M, ...]`: the Byzantine participants' rows become
+        `mu - z sigma` (mean and std over the Byzantine participants' own updates)."""
+        b = (byzantine & (weights > 0)).astype(jnp.float32)
+        n = jnp.maximum(jnp.sum(b), 1.0)
+        z = self.factor
+
+        def leaf(x):
+            xf = x.astype(jnp.float32)
+            mu = jnp.tensordot(b, xf, axes=1) / n
+            var = jnp.tensordot(b, jnp.square(xf - mu[None]), axes=1) / n
+            bad = mu - z * jnp.sqrt(var)
+            mask = b.reshape(-1, *([1] * (x.ndim - 1))) > 0
+            return jnp.where(mask, bad[None], xf).astype(x.dtype)
+
+        return jax.tree.map(leaf, stacked)
