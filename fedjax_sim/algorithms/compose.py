@@ -246,6 +246,8 @@ class LocalHook:
       correct: `(server, summary) -> (server, update)` before the server step (e.g. FedDyn's
         `- h / alpha`).
       finalize: `(server, summary) -> (server, metrics)` after the server step.
+      adjust: `(server, summary) -> params`: the global model after the server step and the
+        `finalize`s (default `summary.new_params`; FedDyn's `x_{t+1} - h / alpha`).
       payload: `(params, server) -> (bytes up, bytes down)` per client beyond the model and
         its update (e.g. SCAFFOLD's control variates).
       broadcast: `server -> what the clients see as ctx.server` (computed once per round).
@@ -262,6 +264,7 @@ class LocalHook:
     finish: Callable[[HookContext, LocalOutcome], tuple[Any, Any, Any]] = _no_finish
     correct: Callable[[Any, RoundSummary], tuple[Any, Params]] = _no_correct
     finalize: Callable[[Any, RoundSummary], tuple[Any, Metrics]] = _no_finalize
+    adjust: Callable[[Any, RoundSummary], Params] = lambda server, summary: summary.new_params
     payload: Callable[[Params, Any], tuple[float, float]] = lambda params, server: (0.0, 0.0)
     broadcast: Callable[[Any], Any] = lambda server: server
     send: Callable[[HookContext, LocalOutcome], Params] = lambda ctx, outcome: outcome.delta
@@ -908,6 +911,8 @@ def compose(
         for h in hooks:
             servers[h.name], m = h.finalize(servers[h.name], summary(h, params, update))
             metrics.update(m)
+        for h in hooks:
+            params = h.adjust(servers[h.name], summary(h, params, update))
         cohort_state, cohort_metrics = distributor.finalize(
             state.cohort,
             DistributorSummary(x, params, update, ids, weights, hook_means, t),

@@ -111,8 +111,8 @@ def control_variates() -> LocalHook:
 def dynamic_regularizer(regularization: float) -> LocalHook:
     """FedDyn (Acar et al., ICLR 2021) with coefficient `a = regularization`: direction
     `g - h_i + a (w - x_t)`; `h_i <- h_i - a Delta_i`; the server keeps
-    `h <- h + (1/C) sum_{i in S} (h_i+ - h_i)` and corrects the update to `Delta - h / a`
-    (so `x_{t+1} = mean x_i - h / a` with the server's SGD(1))."""
+    `h <- h + (1/C) sum_{i in S} (h_i+ - h_i)` and moves the model after its step by `- h / a`
+    (`x_{t+1} = mean x_i - h / a` with the server's SGD(1); an empty round keeps x_t)."""
     positive("FedDyn regularization", regularization)
     a = regularization
 
@@ -125,8 +125,11 @@ def dynamic_regularizer(regularization: float) -> LocalHook:
         return tree_sub(ctx.row, tree_scale(outcome.delta, a)), None, None
 
     def correct(h, s: RoundSummary):
-        h = tree_add(h, tree_scale(s.row_change, 1.0 / s.num_clients))
-        return h, tree_sub(s.update, tree_scale(h, 1.0 / a))
+        return tree_add(h, tree_scale(s.row_change, 1.0 / s.num_clients)), s.update
+
+    def adjust(h, s: RoundSummary):
+        moved = tree_sub(s.new_params, tree_scale(h, 1.0 / a))
+        return jax.tree.map(lambda m, p: jnp.where(s.contributed, m, p), moved, s.new_params)
 
     return LocalHook(
         "dynamic_regularizer",
@@ -136,6 +139,7 @@ def dynamic_regularizer(regularization: float) -> LocalHook:
         finish=finish,
         correct=correct,
         finalize=lambda h, s: (h, {"h_norm": tree_norm(h)}),
+        adjust=adjust,
     )
 
 

@@ -18,10 +18,6 @@ GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "presets.npz")
 
 # case -> (max ulps, reason)
 ULPS: dict[str, tuple[int, str]] = {
-    # x_{t+1} = x_t + (Delta - h/a) (the corrected update through the server SGD) instead of
-    # (x_t + Delta) - h/a: one rounding apart per round (measured 2 ulps params, 4 metrics)
-    "feddyn": (4, "server step on the corrected update"),
-    "feddyn_bernoulli": (4, "server step on the corrected update"),
     # D = (x_t - (x_t + Delta)) / (eta K) instead of (x_t - x_{t+1}) / (eta_g eta K): equal
     # for eta_g = 1 (case "fedcm"), one rounding apart for eta_g = 0.7 (1 ulp params; 16 ulps
     # in the consistency metric, a difference of nearly equal numbers)
