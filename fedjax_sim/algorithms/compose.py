@@ -275,10 +275,6 @@ class Chain(NamedTuple):
 
     hooks: tuple[LocalHook, ...]
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(h.name for h in self.hooks)
-
 
 def chain(*hooks: LocalHook) -> Chain:
     """Chains local-step hooks (optax's `chain` for the local step): the first hook sees the
@@ -359,9 +355,7 @@ class ClientWork:
 
     def optimizer(self, round_: jax.Array) -> optax.GradientTransformation:
         opt = client_optimizer_at(self.client_optimizer, round_)
-        if is_concrete(self.weight_decay) and float(self.weight_decay) == 0.0:
-            pass
-        else:
+        if not (is_concrete(self.weight_decay) and float(self.weight_decay) == 0.0):
             opt = optax.chain(optax.add_decayed_weights(self.weight_decay), opt)
         if self.box is not None:
             opt = optax.chain(opt, box_projection(*self.box))
