@@ -17,7 +17,7 @@ def _jsonable(x: Any) -> Any:
         return {k: _jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
+    if isinstance(x, (np.ndarray, Series)):
         return _jsonable(x.tolist())
     if isinstance(x, (np.floating, float)):
         return float(x) if math.isfinite(x) else str(float(x))
@@ -28,13 +28,68 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
+class Series:
+    """A growable column of per-round values `[n, ...]` in one NumPy buffer (capacity
+    doubling), with the list operations `History` uses: a long run costs a few bytes per
+    round and metric, not a Python object each (constant memory per round, issue 19)."""
+
+    __slots__ = ("_data", "_n")
+
+    def __init__(self, values: Any = ()):
+        arr = np.asarray(values)
+        if arr.dtype == object or arr.ndim == 0:
+            raise ValueError("a Series holds [n, ...] numeric values")
+        self._data, self._n = arr.copy(), len(arr)
+
+    def extend(self, values: Any) -> None:
+        values = np.asarray(values)
+        if not len(values):
+            return
+        if self._n == 0 and not len(self._data):
+            self._data = np.empty((max(16, len(values)), *values.shape[1:]), values.dtype)
+        need = self._n + len(values)
+        if need > len(self._data) or values.dtype != self._data.dtype:
+            dtype = np.result_type(self._data.dtype, values.dtype)
+            grown = np.empty((max(need, 2 * len(self._data)), *values.shape[1:]), dtype)
+            grown[: self._n] = self._data[: self._n]
+            self._data = grown
+        self._data[self._n : need] = values
+        self._n = need
+
+    def pop(self) -> Any:
+        self._n -= 1
+        return self._data[self._n]
+
+    def tolist(self) -> list:
+        return self._data[: self._n].tolist()
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._data[: self._n][index]
+
+    def __iter__(self):
+        return iter(self._data[: self._n])
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        view = self._data[: self._n]
+        return view.astype(dtype) if dtype is not None else (view.copy() if copy else view)
+
+    def __eq__(self, other: Any) -> bool:
+        return self.tolist() == list(other)
+
+    def __repr__(self) -> str:
+        return f"Series({self.tolist()!r})"
+
+
 @dataclasses.dataclass
 class History:
     """Stacked per-round metrics (`metrics[name][r]` for round `rounds[r]`) and evaluation
     rows (`evals`, each with its `round`; round 0 is the initial model)."""
 
     rounds: list[int] = dataclasses.field(default_factory=list)
-    metrics: dict[str, list] = dataclasses.field(default_factory=dict)
+    metrics: dict[str, Series] = dataclasses.field(default_factory=dict)
     evals: list[dict[str, float]] = dataclasses.field(default_factory=list)
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -44,7 +99,7 @@ class History:
         n = len(next(iter(metrics.values()))) if metrics else 0
         self.rounds.extend(range(first_round, first_round + n))
         for name, values in metrics.items():
-            self.metrics.setdefault(name, []).extend(np.asarray(values).tolist())
+            self.metrics.setdefault(name, Series()).extend(values)
 
     def truncate(self, last_round: int) -> None:
         """Drops rounds and evaluations after `last_round` (cheap if there are none)."""
@@ -84,7 +139,7 @@ class History:
     def from_dict(cls, d: dict[str, Any]) -> History:
         return cls(
             rounds=list(d.get("rounds", [])),
-            metrics={k: list(v) for k, v in d.get("metrics", {}).items()},
+            metrics={k: _series(v) for k, v in d.get("metrics", {}).items()},
             evals=[dict(e) for e in d.get("eval", [])],
             meta=dict(d.get("meta", {})),
         )
@@ -243,6 +298,14 @@ class HistoryWriter:
         )
         if plot and (history.rounds or history.evals):
             history.plot(os.path.join(self.out_dir, "history.png"))
+
+
+def _series(values: list) -> Series | list:
+    """A loaded metric column as a Series (a list if it is not numeric, e.g. "nan" strings)."""
+    try:
+        return Series(np.asarray(values, dtype=float) if values else np.zeros((0,)))
+    except (TypeError, ValueError):
+        return list(values)
 
 
 def _scalar_metrics(history: History) -> list[str]:
