@@ -31,7 +31,14 @@ def load(name: str):
 
 
 def test_the_notebooks_exist():
-    expected = {"01_quickstart", "02_async", "03_throughput", "04_paper_algorithms", "06_sweeps"}
+    expected = {
+        "01_quickstart",
+        "02_async",
+        "03_throughput",
+        "04_paper_algorithms",
+        "05_privacy_robustness",
+        "06_sweeps",
+    }
     assert expected <= set(NOTEBOOKS)
 
 
