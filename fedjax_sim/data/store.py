@@ -379,7 +379,10 @@ class CohortData(FederatedData):
         return ClientData(x, self.y[s], self.counts[i])
 
     def client_test(self, i: Array) -> ClientData:
-        raise NotImplementedError("a cohort view holds no per-client test split")
+        raise ValueError(
+            "a streamed cohort view holds no per-client test split: evaluate streamed runs on "
+            "the central test set (EvalSpec(clients=False))"
+        )
 
 
 @struct.dataclass
