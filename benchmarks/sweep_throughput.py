@@ -1,7 +1,8 @@
 """Sweeps as one program vs R sequential `simulate` calls (issue 22), side by side in one run.
 
 For each workload and R: runs per second of `sweep` (R seeds on the runs axis, run groups
-chosen by the memory planner, or `--groups all` = one vmap over all runs) and of R
+chosen by the memory planner, `--groups all` = one vmap over all runs, `--groups cores` =
+runs sharded over one virtual CPU device per core, `sweep(mesh=runs_mesh())`) and of R
 sequential `simulate` calls with the same algorithm (its compilation cached after the
 first call; at most `--max-sequential` calls are timed, their rate is the sequential rate).
 Every measurement runs in its own process (peak RSS is process-wide) after one untimed
@@ -75,8 +76,11 @@ def measure(workload: str, runs: int, mode: str, rounds: int, max_seq: int) -> d
                     progress=False,
                 )
     else:
+        from fedjax_sim.sweep import runs_mesh
+
         calls = runs
         group = runs if mode == "sweep-all" else None
+        mesh = runs_mesh() if mode == "sweep-cores" else None
 
         def go(seed0):
             res = sweep(
@@ -89,6 +93,7 @@ def measure(workload: str, runs: int, mode: str, rounds: int, max_seq: int) -> d
                 evaluation=spec,
                 progress=False,
                 runs_per_group=group,
+                mesh=mesh,
             )
             jax.block_until_ready(res.states)
             go.group = res.meta["runs_per_group"]
@@ -121,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=40, help="rounds per run (digits)")
     ap.add_argument("--w1-rounds", type=int, default=2, help="rounds per run (W1-100)")
     ap.add_argument("--max-sequential", type=int, default=8)
-    ap.add_argument("--groups", nargs="+", default=["auto"], choices=["auto", "all"])
+    ap.add_argument("--groups", nargs="+", default=["auto"], choices=["auto", "all", "cores"])
     ap.add_argument("--out", default=None, help="append JSON lines here")
     ap.add_argument("--one", nargs=3, metavar=("WORKLOAD", "R", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -150,13 +155,10 @@ def main(argv: list[str] | None = None) -> int:
                     "--max-sequential",
                     str(args.max_sequential),
                 ]
-                out = subprocess.run(
-                    cmd,
-                    capture_output=True,
-                    text=True,
-                    cwd=ROOT,
-                    env={**os.environ, "PYTHONPATH": ROOT},
-                )
+                env = {**os.environ, "PYTHONPATH": ROOT}
+                if mode == "sweep-cores":  # one virtual CPU device per core, runs sharded
+                    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={os.cpu_count()}"
+                out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
                 if out.returncode != 0:
                     print(out.stderr[-2000:], file=sys.stderr)
                     return 1

@@ -25,6 +25,7 @@ from fedjax_sim.config import (
     check_config,
     explicit_fields,
     privacy_accounting,
+    setup_devices,
 )
 from fedjax_sim.sweep_cli import SweepConfig, sweep_command
 from fedjax_sim.validate import UsageError
@@ -41,30 +42,6 @@ class ListConfig:
 
 
 # ------------------------------------------------------------------------------ run
-def _setup_devices(cfg: RunConfig):
-    """Multi-process initialisation and the client mesh (None for a single device). Must run
-    before anything touches a JAX device (virtual CPU devices are an XLA flag)."""
-    import jax
-
-    from fedjax_sim import distributed
-    from fedjax_sim.parallel import client_mesh
-
-    multi = any(v is not None for v in (cfg.coordinator, cfg.num_processes, cfg.process_id)) or (
-        any(os.environ.get(v) for v in distributed.ENV.values())
-    )
-    if cfg.devices and cfg.devices > 1 and not multi and "JAX_PLATFORMS" not in os.environ:
-        os.environ["XLA_FLAGS"] = distributed.host_device_flags(
-            cfg.devices, os.environ.get("XLA_FLAGS", "")
-        )
-    if multi:
-        distributed.initialize(cfg.coordinator, cfg.num_processes, cfg.process_id)
-    if not multi and not (cfg.devices and cfg.devices > 1):
-        return None
-    if cfg.devices and cfg.devices > len(jax.devices()):
-        raise UsageError(f"--devices {cfg.devices}: only {len(jax.devices())} devices available")
-    return client_mesh(cfg.devices)
-
-
 def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
     """`fedjax-sim run`; `explicit` names the fields set on the command line or in --config
     (default: those that differ from the defaults)."""
@@ -73,7 +50,7 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
     resume_round = _check_resume(cfg, checkpoint_dir)
     try:
         check_config(cfg)
-        mesh = _setup_devices(cfg)
+        mesh = setup_devices(cfg)
         dataset, model, algorithm, client_map = build_run(cfg, mesh, explicit)
         privacy = privacy_accounting(cfg, dataset.train.num_clients)
     except UsageError:

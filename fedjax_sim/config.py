@@ -115,8 +115,9 @@ class RunConfig:
     map_batch_size: int | None = None
     """Clients per chunk in map mode."""
     devices: int | None = None
-    """Shard the client axis over this many devices (on CPU: virtual devices). With
-    multi-process flags the default is every device of every process."""
+    """Shard the client axis (`sweep`: the runs axis) over this many devices (on CPU: virtual
+    devices, one per core is the useful number). With multi-process flags the default is
+    every device of every process."""
     coordinator: str | None = None
     """Multi-process: coordinator host:port, or "auto" for SLURM/MPI/TPU-pod auto-detection
     (or env FEDJAX_SIM_COORDINATOR)."""
@@ -201,6 +202,33 @@ def parse_hparams(items: Sequence[str]) -> dict[str, object]:
             except ValueError:
                 out[name] = raw
     return out
+
+
+def setup_devices(cfg: RunConfig, axis: str | None = None):
+    """Multi-process initialisation and a 1-D mesh named `axis` (default: the clients axis;
+    `sweep` shards its runs axis) over `--devices` devices; None for a single device. Must
+    run before anything touches a JAX device (virtual CPU devices are an XLA flag)."""
+    import os
+
+    import jax
+
+    from fedjax_sim import distributed
+    from fedjax_sim.parallel import CLIENT_AXIS, client_mesh
+
+    multi = any(v is not None for v in (cfg.coordinator, cfg.num_processes, cfg.process_id)) or (
+        any(os.environ.get(v) for v in distributed.ENV.values())
+    )
+    if cfg.devices and cfg.devices > 1 and not multi and "JAX_PLATFORMS" not in os.environ:
+        os.environ["XLA_FLAGS"] = distributed.host_device_flags(
+            cfg.devices, os.environ.get("XLA_FLAGS", "")
+        )
+    if multi:
+        distributed.initialize(cfg.coordinator, cfg.num_processes, cfg.process_id)
+    if not multi and not (cfg.devices and cfg.devices > 1):
+        return None
+    if cfg.devices and cfg.devices > len(jax.devices()):
+        raise UsageError(f"--devices {cfg.devices}: only {len(jax.devices())} devices available")
+    return client_mesh(cfg.devices, axis or CLIENT_AXIS)
 
 
 def build_run(cfg: RunConfig, mesh=None, explicit: Collection[str] | None = None):

@@ -9,7 +9,14 @@ factory must accept traced values (optax transformations do; see `abstract_run`)
 
 When R runs do not fit the memory budget, runs are mapped in groups (`lax.map` with
 `batch_size=group`, each group vmapped); the group is chosen by `parallel.fit_client_map`
-with a per-run working set measured from XLA's buffer assignment of one run's round.
+with a per-run working set measured from XLA's buffer assignment of one run's round. Inside
+a vmapped group, `ClientMap("auto")` vmaps the cohort too (`parallel.batched_runs`).
+
+With a `mesh` (`runs_mesh(n)`), the runs axis is sharded over its devices (`jax.shard_map`,
+DrJAX-style: runs are independent, so no communication); R is padded to a multiple of the
+device count with copies of the last run, which are dropped from the results. On a CPU,
+`--xla_force_host_platform_device_count` makes each core a device: the runs then proceed
+on both cores at once instead of sharing every small op between them.
 
 Run r reproduces `simulate(make_algorithm(hp_r), data, key(seed_r), ...)`: the same keys,
 initial model and steps; on CPU the per-round metrics, evaluations and final state are
@@ -36,13 +43,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from fedjax_sim.algorithms.core import Algorithm, float_dtype, tree_all_finite
 from fedjax_sim.checkpoint import Checkpointer
 from fedjax_sim.data.federated import ArrayData, FederatedData, tree_size_bytes
 from fedjax_sim.history import History, _atomic_write, _jsonable
 from fedjax_sim.models.base import Model
-from fedjax_sim.parallel import ClientMap, fit_client_map
+from fedjax_sim.parallel import ClientMap, batched_runs, client_mesh, fit_client_map
 from fedjax_sim.simulate import (
     INIT_PURPOSE,
     EvalSpec,
@@ -52,6 +61,7 @@ from fedjax_sim.simulate import (
 )
 
 HParams = dict[str, jax.Array]
+RUNS_AXIS = "runs"
 _PLANS: dict[tuple, int] = {}  # planned run groups of already-checked sweeps
 MakeAlgorithm = Callable[[HParams], Algorithm]
 
@@ -118,11 +128,30 @@ def map_runs(fn: Callable[..., Any], xs: Any, group: int) -> Any:
     groups of `group` runs (each vmapped; a last partial group is vmapped on its own;
     `group == 1`: a plain `lax.map` of the unbatched step)."""
     num = jax.tree.leaves(xs)[0].shape[0]
-    if group >= num:
-        return jax.vmap(fn)(*xs)
-    if group == 1:  # the unbatched body: bitwise the single run's computation
+    if group == 1 or num == 1:  # the unbatched body: bitwise the single run's computation
         return lax.map(lambda a: fn(*a), xs)
-    return lax.map(lambda a: fn(*a), xs, batch_size=group)
+    with batched_runs():
+        if group >= num:
+            return jax.vmap(fn)(*xs)
+        return lax.map(lambda a: fn(*a), xs, batch_size=group)
+
+
+def runs_mesh(num_devices: int | None = None) -> Mesh:
+    """A 1-D mesh named "runs" over the first `num_devices` devices (all by default)."""
+    return client_mesh(num_devices, RUNS_AXIS)
+
+
+def _over_runs(fn: Callable[..., Any], mesh: Mesh | None, specs: tuple, out_specs: Any):
+    """`jit(fn)`, with `fn` run per device on its slice of the runs axis if `mesh` is given
+    (`specs`: True for an argument with a leading runs axis, False for a replicated one)."""
+    if mesh is None:
+        return jax.jit(fn)
+    in_specs = tuple(P(RUNS_AXIS) if runs else P() for runs in specs)
+    # runs never communicate: no varying-axis typing needed (the algorithms' scans start
+    # from replicated constants)
+    return jax.jit(
+        jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    )
 
 
 TRACER_ERRORS = (
@@ -149,9 +178,10 @@ def abstract_run(
         p = params if params is not None else model.init(jax.random.fold_in(key, INIT_PURPOSE))
         return make_algorithm(hp).init(p, key)
 
-    try:
-        state = jax.eval_shape(init, hp, key)
-        jax.eval_shape(lambda s, h, k: make_algorithm(h).step(s, data, k), state, hp, key)
+    try:  # shapes only: no client-map measuring (`batched_runs`)
+        with batched_runs():
+            state = jax.eval_shape(init, hp, key)
+            jax.eval_shape(lambda s, h, k: make_algorithm(h).step(s, data, k), state, hp, key)
     except TRACER_ERRORS as e:
         first = str(e).strip().split("\n")[0]
         raise ValueError(
@@ -162,7 +192,9 @@ def abstract_run(
 
 # ------------------------------------------------------------------------------ compiled parts
 @functools.lru_cache(maxsize=16)
-def _compiled_init(make_algorithm: MakeAlgorithm, model: Model, group: int, has_params: bool):
+def _compiled_init(
+    make_algorithm: MakeAlgorithm, model: Model, group: int, has_params: bool, mesh: Mesh | None
+):
     def init_one(hp, key, params):
         if not has_params:
             params = model.init(jax.random.fold_in(key, INIT_PURPOSE))
@@ -171,11 +203,13 @@ def _compiled_init(make_algorithm: MakeAlgorithm, model: Model, group: int, has_
     def init(hps, keys, params):
         return map_runs(lambda hp, key: init_one(hp, key, params), (hps, keys), group)
 
-    return jax.jit(init)
+    return _over_runs(init, mesh, (True, True, False), P(RUNS_AXIS))
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled_sweep_chunk(make_algorithm: MakeAlgorithm, length: int, group: int):
+def _compiled_sweep_chunk(
+    make_algorithm: MakeAlgorithm, length: int, group: int, mesh: Mesh | None
+):
     """`jit(run(states, hps, data, keys, n))`: a `lax.scan` of static `length` over rounds
     whose first `n` iterations advance every run (vmapped / mapped in groups); metrics come
     out as `[length, R, ...]`."""
@@ -198,19 +232,25 @@ def _compiled_sweep_chunk(make_algorithm: MakeAlgorithm, length: int, group: int
 
         return lax.scan(body, states, jnp.arange(length))
 
-    return jax.jit(run)
+    runs = P(RUNS_AXIS)
+    return _over_runs(run, mesh, (True, True, False, True, False), (runs, P(None, RUNS_AXIS)))
 
 
 @functools.lru_cache(maxsize=16)
 def _compiled_sweep_evaluator(
-    model: Model, spec: EvalSpec, client_map: ClientMap, has_test: bool, group: int
+    model: Model,
+    spec: EvalSpec,
+    client_map: ClientMap,
+    has_test: bool,
+    group: int,
+    mesh: Mesh | None,
 ):
     evaluate = _compiled_evaluator(model, spec, client_map, has_test)
 
     def run(params, data, test):
         return map_runs(lambda p: evaluate(p, data, test), (params,), group)
 
-    return jax.jit(run)
+    return _over_runs(run, mesh, (True, False, False), P(RUNS_AXIS))
 
 
 # ------------------------------------------------------------------------------ memory plan
@@ -232,10 +272,13 @@ def default_budget_bytes() -> int:
 
 def per_run_bytes(make_algorithm: MakeAlgorithm, state: Any, hp: HParams, data, key) -> int:
     """Working memory of one run's round: XLA's temporaries + outputs of a compiled
-    single-run step (abstract shapes), or 4x the state if XLA gives no memory analysis."""
+    single-run step (abstract shapes; the cohort mapped as inside a vmapped group of runs),
+    or 4x the state if XLA gives no memory analysis."""
     one = lambda s, h, k: make_algorithm(h).step(s, data, k)
     try:
-        m = jax.jit(one).lower(state, hp, key).compile().memory_analysis()
+        with batched_runs():
+            lowered = jax.jit(one).lower(state, hp, key)
+        m = lowered.compile().memory_analysis()
         return max(1, int(m.temp_size_in_bytes + m.output_size_in_bytes))
     except Exception:  # backends without memory analysis
         return 4 * max(1, tree_size_bytes(state))
@@ -470,6 +513,7 @@ def sweep(
     client_map: ClientMap = ClientMap(),
     runs_per_group: int | None = None,
     memory_budget_bytes: int | None = None,
+    mesh: Mesh | None = None,
     out_dir: str | None = None,
     checkpoint_dir: str | None = None,
     checkpoint_every: int | None = None,
@@ -489,7 +533,9 @@ def sweep(
       grid: `{name: values}` of numeric hyper-parameters (their product is swept).
       runs_per_group: runs vmapped together (the rest are `lax.map`-ed in groups); default:
         planned from `memory_budget_bytes` (default `default_budget_bytes()`) by
-        `parallel.fit_client_map`.
+        `parallel.fit_client_map` (per device with a `mesh`).
+      mesh: shard the runs over this mesh's devices (`runs_mesh`; axis "runs"); None: one
+        device.
       out_dir: results (`SweepResult.save`) are written there at the end.
       checkpoint_dir / checkpoint_every / resume: orbax checkpoints of all runs' states and
         histories, as in `simulate` (resuming is bit-identical).
@@ -503,7 +549,11 @@ def sweep(
         raise ValueError(f"runs_per_group must be >= 1, got {runs_per_group}")
     runs = expand_grid(seeds, dict(grid or {}))
     num = len(runs)
-    hps, keys = _stack_hparams(runs), _stack_keys(runs)
+    if mesh is not None and RUNS_AXIS not in mesh.axis_names:
+        raise ValueError(f"the sweep's mesh needs an axis named {RUNS_AXIS!r}: runs_mesh(n)")
+    shards = 1 if mesh is None else int(mesh.shape[RUNS_AXIS])
+    padded = runs + [runs[-1]] * (-num % shards)  # copies of the last run, dropped at the end
+    hps, keys = _stack_hparams(padded), _stack_keys(padded)
     budget = memory_budget_bytes or default_budget_bytes()
     sig = (
         make_algorithm,
@@ -514,6 +564,7 @@ def sweep(
         str(jax.tree.map(lambda a: (a.shape, a.dtype), data)),
         runs_per_group,
         memory_budget_bytes,  # the default budget (available memory) varies: not keyed
+        shards,
     )
     if sig not in _PLANS:  # trace once (one-line error for untraceable factories), plan
         one = abstract_run(make_algorithm, model, data, runs[0].hparams, params)
@@ -521,12 +572,13 @@ def sweep(
             resident = 2 * num * tree_size_bytes(one) + tree_size_bytes(data)
             hp0 = {k: v[0] for k, v in hps.items()}
             run_bytes = per_run_bytes(make_algorithm, one, hp0, data, keys[0])
-            _PLANS[sig] = plan_group(num, run_bytes, budget - resident)
+            _PLANS[sig] = plan_group(len(padded) // shards, run_bytes, budget - resident)
         else:
-            _PLANS[sig] = min(runs_per_group, num)
+            _PLANS[sig] = min(runs_per_group, len(padded) // shards)
     group = _PLANS[sig]
 
-    states = _compiled_init(make_algorithm, model, group, params is not None)(hps, keys, params)
+    init = _compiled_init(make_algorithm, model, group, params is not None, mesh)
+    states = init(hps, keys, params)
     histories = [
         History(
             meta={
@@ -541,17 +593,23 @@ def sweep(
     ]
     start = 0
     ckpt = Checkpointer(checkpoint_dir) if checkpoint_dir else None
+    real = lambda tree: jax.tree.map(lambda a: a[:num], tree)  # noqa: E731  drop the padding
     if resume and ckpt is not None and ckpt.latest_round() is not None:
-        start, states, saved_keys, saved = ckpt.restore(states, keys)
-        if not np.array_equal(jax.random.key_data(saved_keys), jax.random.key_data(keys)):
+        start, saved_states, saved_keys, saved = ckpt.restore(real(states), real(keys))
+        states = jax.tree.map(
+            lambda a: jnp.concatenate([a, a[-1:].repeat(len(padded) - num, 0)]), saved_states
+        )
+        if not np.array_equal(jax.random.key_data(saved_keys), jax.random.key_data(real(keys))):
             raise ValueError("resume: the checkpoint was written by a sweep with other seeds")
         if [r["label"] for r in saved["runs"]] != [r.label for r in runs]:
             raise ValueError("resume: the checkpoint was written by a sweep with another grid")
         histories = [History.from_dict(r) for r in saved["histories"]]
 
     chunk = max(1, min(num_rounds, evaluation.every, checkpoint_every or num_rounds))
-    run_chunk = _compiled_sweep_chunk(make_algorithm, chunk, group)
-    evaluate = _compiled_sweep_evaluator(model, evaluation, client_map, test is not None, group)
+    run_chunk = _compiled_sweep_chunk(make_algorithm, chunk, group, mesh)
+    evaluate = _compiled_sweep_evaluator(
+        model, evaluation, client_map, test is not None, group, mesh
+    )
 
     def do_eval(round_: int, states: Any) -> None:
         results = jax.device_get(evaluate(states.params, data, test))
@@ -561,8 +619,8 @@ def sweep(
     def save_ckpt(r: int) -> None:
         ckpt.save(
             r,
-            states,
-            keys,
+            real(states),
+            real(keys),
             {
                 "runs": [dataclasses.asdict(x) for x in runs],
                 "histories": [h.to_dict() for h in histories],
@@ -625,8 +683,9 @@ def sweep(
             "runs_per_group": group,
             "num_runs": num,
             "num_rounds": num_rounds,
+            "devices": shards,
         },
-        states,
+        real(states),
     )
     if out_dir:
         result.save(out_dir)

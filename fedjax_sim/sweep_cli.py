@@ -30,6 +30,7 @@ from fedjax_sim.config import (
     build_run,
     check_config,
     hyper_parameters,
+    setup_devices,
 )
 from fedjax_sim.validate import UsageError
 
@@ -176,10 +177,11 @@ def sweep_command(cfg: SweepConfig, explicit: set[str] | None = None) -> int:
         raise UsageError(f"--seeds must be >= 1, got {cfg.seeds}")
     if cfg.runs_per_group is not None and cfg.runs_per_group < 1:
         raise UsageError(f"--runs-per-group must be >= 1, got {cfg.runs_per_group}")
-    if cfg.devices is not None or cfg.coordinator is not None:
-        raise UsageError("sweep runs on one device; drop --devices / multi-process flags")
+    if cfg.coordinator is not None or cfg.num_processes is not None:
+        raise UsageError("sweep runs in one process; drop the multi-process flags")
     try:
         check_config(cfg)
+        mesh = setup_devices(cfg, "runs")  # --devices shards the runs axis (sweep.RUNS_AXIS)
         check_grid(cfg, grid)
         dataset, model, make_algorithm, client_map = build_sweep(cfg, grid, explicit)
     except (ValueError, TypeError, FileNotFoundError) as e:
@@ -207,6 +209,7 @@ def sweep_command(cfg: SweepConfig, explicit: set[str] | None = None) -> int:
             client_map=client_map,
             runs_per_group=cfg.runs_per_group,
             memory_budget_bytes=budget,
+            mesh=mesh,
             checkpoint_dir=os.path.join(out_dir, "checkpoints")
             if (cfg.checkpoint_every or cfg.resume)
             else None,

@@ -30,6 +30,7 @@ from fedjax_sim.data import least_squares  # noqa: E402
 from fedjax_sim.models import linear_regression  # noqa: E402
 from fedjax_sim.parallel import ClientMap, client_mesh  # noqa: E402
 from fedjax_sim.simulate import EvalSpec, simulate  # noqa: E402
+from fedjax_sim.sweep import runs_mesh, sweep  # noqa: E402
 
 ROUNDS = 4
 # (algorithm, cohort, map mode): FedAvg, and FedProx (momentum client optimizer, proximal
@@ -181,6 +182,27 @@ def sharded(out):
     results["simulate/sharded"] = np.asarray(h_shard.metric("train_loss"))
     results["simulate/plain_eval"] = np.array([e["train_objective"] for e in h_plain.evals])
     results["simulate/sharded_eval"] = np.array([e["train_objective"] for e in h_shard.evals])
+
+    # a sweep with its runs sharded over 4 devices: 5 SCAFFOLD runs (padded to 8) x a grid
+    # of client learning rates, vs the same sweep on one device
+    def make(hp):
+        return scaffold(
+            model.loss,
+            num_clients=16,
+            client_optimizer=hp["lr"],
+            local=LocalSpec(steps=2, batch_size=4),
+            cohort=CohortSpec(size=6),
+            client_map=ClientMap("vmap"),
+        )
+
+    sweep_kw = dict(seeds=[0, 1, 2, 3, 4], grid={"lr": [0.05]}, **kw)
+    for label, m in (("plain", None), ("sharded", runs_mesh(4))):
+        res = sweep(make, data, mesh=m, **sweep_kw)
+        results[f"sweep/{label}/train_loss"] = np.stack(
+            [h.metric("train_loss") for h in res.histories]
+        )
+        results[f"sweep/{label}/w"] = np.asarray(res.states.params["w"])
+        results[f"sweep/{label}/devices"] = np.asarray(res.meta["devices"])
     np.savez(out, **results)
 
 

@@ -289,3 +289,17 @@ def test_cli_sweep_writes_results_and_resumes(tmp_path, capsys):
     )
     for f in ("summary.csv", "summary.md", "best.json", "sweep.png", "runs.csv"):
         assert (tmp_path / f).exists(), f
+
+
+def test_auto_client_map_vmaps_the_cohort_inside_a_group_of_runs():
+    """Inside a vmapped group of runs `ClientMap("auto")` maps the cohort with vmap (runs x
+    clients lanes in one batch); outside, and with an explicit chunk, the usual rule."""
+    from fedjax_sim.parallel import ClientMap, batched_runs
+
+    assert ClientMap().resolve(10) == ("map", 8)  # CPU static rule
+    assert ClientMap("map", 2).resolve(10) == ("map", 2)
+    with batched_runs():
+        assert ClientMap().resolve(10) == ("vmap", 10)
+        assert ClientMap("auto", 2).resolve(10) == ("map", 2)
+        assert ClientMap("map", 2).resolve(10) == ("map", 2)
+    assert ClientMap().resolve(10) == ("map", 8)
