@@ -89,6 +89,22 @@ def test_sweep_run_r_equals_the_single_run(setup, name):
         assert jax.tree.leaves(vmapped.states.rows["control_variates"])[0].shape[:2] == (2, 12)
 
 
+@pytest.mark.parametrize("name", ["fedavg", "scaffold", "fedbuff"])
+def test_runs_mapped_one_at_a_time_train_bitwise_as_the_single_run(setup, name):
+    """`runs_per_group=1` maps the unbatched step over runs: every per-round training metric
+    is bitwise the single run's (the evaluation, compiled in another program, may differ
+    in the last bit)."""
+    ds, model = setup
+    alg = _algorithms(model, ds)[name]
+    spec = EvalSpec(every=3, clients=False)
+    kw = dict(seeds=[5, 6], model=model, num_rounds=3, test=ds.test, evaluation=spec)
+    mapped = sweep(lambda hp: alg, ds.train, progress=False, runs_per_group=1, **kw)
+    for run in mapped.runs:
+        single = _single(alg, ds, model, run.seed, spec=spec)
+        for k in single.metrics:
+            np.testing.assert_array_equal(mapped.histories[run.index].metric(k), single.metric(k))
+
+
 def test_chunked_sweep_equals_unchunked(setup):
     ds, model = setup
     alg = _algorithms(model, ds)["fedavg"]
