@@ -51,6 +51,38 @@ def build(workload: str):
     )
 
 
+def matmul_ceiling(runs: int) -> dict:
+    """The digits job's dominant op, alone: a chain of 100 batched `[L, 16, 64] x [L, 64, 64]`
+    matmuls (one hidden layer of a local step, batch 16) for L = 10 lanes (one run's cohort)
+    and L = 10 R (R runs' cohorts), GFLOP/s of each and the same-run 2048^2 matmul peak. The
+    sweep can only beat R sequential runs by the per-op overhead it removes and by any gain
+    in this op's efficiency at L = 10 R."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    def best(f, *a, reps=5):
+        jax.block_until_ready(f(*a))
+        out = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(*a))
+            out.append(time.perf_counter() - t0)
+        return min(out)
+
+    big = jnp.ones((2048, 2048), jnp.float32)
+    row = {"peak_gflops": 2 * 2048**3 / best(jax.jit(jnp.matmul), big, big) / 1e9}
+    chain = jax.jit(
+        lambda x, w: lax.fori_loop(
+            0, 100, lambda i, x: jnp.tanh(jnp.einsum("lbi,lij->lbj", x, w)), x
+        )
+    )
+    for lanes, name in ((10, "one_run"), (10 * runs, "R_runs")):
+        x, w = jnp.ones((lanes, 16, 64)), jnp.full((lanes, 64, 64), 0.01)
+        row[f"{name}_gflops"] = 100 * 2 * lanes * 16 * 64 * 64 / best(chain, x, w) / 1e9
+    return row
+
+
 def measure(workload: str, runs: int, mode: str, rounds: int, max_seq: int) -> dict:
     """One measurement (run in a child process)."""
     import jax
@@ -58,6 +90,14 @@ def measure(workload: str, runs: int, mode: str, rounds: int, max_seq: int) -> d
     from fedjax_sim.simulate import simulate
     from fedjax_sim.sweep import sweep
 
+    if mode == "matmul":
+        return {
+            "workload": workload,
+            "R": runs,
+            "mode": mode,
+            **matmul_ceiling(runs),
+            "load_avg_1m": os.getloadavg()[0],
+        }
     alg, train, test, model, spec = build(workload)
     make = lambda hp: alg  # noqa: E731  one object: the compilation is reused
     if mode == "sequential":
@@ -127,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--w1-rounds", type=int, default=2, help="rounds per run (W1-100)")
     ap.add_argument("--max-sequential", type=int, default=8)
     ap.add_argument("--groups", nargs="+", default=["auto"], choices=["auto", "all", "cores"])
+    ap.add_argument(
+        "--ceiling", action="store_true", help="also time the dominant op alone (matmul_ceiling)"
+    )
     ap.add_argument("--out", default=None, help="append JSON lines here")
     ap.add_argument("--one", nargs=3, metavar=("WORKLOAD", "R", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -136,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(w, int(r), mode, rounds, args.max_sequential)))
         return 0
     modes = ["sequential"] + [f"sweep-{g}" for g in args.groups]
+    if args.ceiling:
+        modes.append("matmul")
     rows = []
     for w in args.workloads:
         for r in args.runs:
@@ -164,19 +209,27 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
                 row = json.loads(out.stdout.strip().splitlines()[-1])
                 by_mode[mode] = row
-                if mode != "sequential":
-                    row["speedup_vs_sequential"] = (
-                        row["runs_per_s"] / by_mode["sequential"]["runs_per_s"]
-                    )
                 rows.append(row)
-                print(
-                    f"{w:7s} R={r:3d} {mode:11s} {row['runs_per_s']:8.3f} runs/s "
-                    f"(x{row.get('speedup_vs_sequential', 1.0):.2f}) "
-                    f"group={row['runs_per_group']} "
-                    f"warm-up {row['warmup_s']:.1f} s  peak RSS {row['peak_rss_gib']:.2f} GiB  "
-                    f"load {row['load_avg_1m']:.1f}",
-                    flush=True,
-                )
+                if mode == "matmul":
+                    print(
+                        f"{w:7s} R={r:3d} matmul      peak {row['peak_gflops']:.0f} GFLOP/s; "
+                        f"[L,16,64]x[L,64,64] chain: L=10 {row['one_run_gflops']:.1f}, "
+                        f"L={10 * r} {row['R_runs_gflops']:.1f} GFLOP/s  "
+                        f"load {row['load_avg_1m']:.1f}",
+                        flush=True,
+                    )
+                else:
+                    if mode != "sequential":
+                        row["speedup_vs_sequential"] = (
+                            row["runs_per_s"] / by_mode["sequential"]["runs_per_s"]
+                        )
+                    print(
+                        f"{w:7s} R={r:3d} {mode:11s} {row['runs_per_s']:8.3f} runs/s "
+                        f"(x{row.get('speedup_vs_sequential', 1.0):.2f}) "
+                        f"group={row['runs_per_group']} warm-up {row['warmup_s']:.1f} s  "
+                        f"peak RSS {row['peak_rss_gib']:.2f} GiB  load {row['load_avg_1m']:.1f}",
+                        flush=True,
+                    )
                 if args.out:
                     with open(args.out, "a") as f:
                         f.write(json.dumps(row) + "\n")
