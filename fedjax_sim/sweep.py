@@ -522,6 +522,7 @@ def sweep(
     resume: bool = False,
     progress: bool = True,
     meta: dict[str, Any] | None = None,
+    privacy: Callable[[int], float] | None = None,
 ) -> SweepResult:
     """Runs R = |grid points| x |seeds| runs as one compiled program; see the module doc.
 
@@ -542,6 +543,9 @@ def sweep(
       checkpoint_dir / checkpoint_every / resume: orbax checkpoints of all runs' states and
         histories, as in `simulate` (resuming is bit-identical).
       progress: a tqdm bar over rounds x runs.
+      privacy: `rounds -> epsilon` (e.g. `accounting.PrivacyAccounting(...).epsilon`), as in
+        `simulate`: `epsilon` in every run's evaluation rows (the runs of a sweep share the
+        privacy parameters: only the seeds and numeric grid values differ).
 
     Returns the `SweepResult` (histories per run; a run whose model became NaN/Inf keeps
     running and has `meta["nonfinite_round"]` set, the other runs are unaffected).
@@ -615,8 +619,9 @@ def sweep(
 
     def do_eval(round_: int, states: Any) -> None:
         results = jax.device_get(evaluate(states.params, data, test))
+        extra = {} if privacy is None else {"epsilon": float(privacy(round_))}
         for i, h in enumerate(histories):
-            h.append_eval(round_, {k: float(v[i]) for k, v in results.items()})
+            h.append_eval(round_, {**{k: float(v[i]) for k, v in results.items()}, **extra})
 
     def save_ckpt(r: int) -> None:
         ckpt.save(

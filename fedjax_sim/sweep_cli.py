@@ -30,6 +30,7 @@ from fedjax_sim.config import (
     build_run,
     check_config,
     hyper_parameters,
+    privacy_accounting,
     setup_devices,
 )
 from fedjax_sim.validate import UsageError
@@ -184,6 +185,7 @@ def sweep_command(cfg: SweepConfig, explicit: set[str] | None = None) -> int:
         mesh = setup_devices(cfg, "runs")  # --devices shards the runs axis (sweep.RUNS_AXIS)
         check_grid(cfg, grid)
         dataset, model, make_algorithm, client_map = build_sweep(cfg, grid, explicit)
+        privacy = privacy_accounting(cfg, dataset.train.num_clients)
     except (ValueError, TypeError, FileNotFoundError) as e:
         raise UsageError(str(e)) from e
     from fedjax_sim.simulate import EvalSpec
@@ -216,7 +218,12 @@ def sweep_command(cfg: SweepConfig, explicit: set[str] | None = None) -> int:
             checkpoint_every=cfg.checkpoint_every,
             resume=cfg.resume,
             progress=cfg.progress,
-            meta={"config": dataclasses.asdict(cfg), "data": dataset.train.summary()},
+            meta={
+                "config": dataclasses.asdict(cfg),
+                "data": dataset.train.summary(),
+                **({} if privacy is None else {"noise_multiplier": privacy.noise_multiplier}),
+            },
+            privacy=None if privacy is None else privacy.epsilon,
         )
         result.values(cfg.metric, cfg.at_round)  # a bad --metric / --at-round: one line
     except ValueError as e:
@@ -229,4 +236,9 @@ def sweep_command(cfg: SweepConfig, explicit: set[str] | None = None) -> int:
         f"[{best['ci95_low']:.4f}, {best['ci95_high']:.4f}]) after "
         f"{result.meta['seconds']:.1f} s; results in {out_dir}/"
     )
+    if privacy is not None:
+        print(
+            f"epsilon {privacy.epsilon(cfg.rounds):.4g} at delta {cfg.dp_delta:g} after "
+            f"{cfg.rounds} rounds (noise multiplier {privacy.noise_multiplier:.4g})"
+        )
     return 0

@@ -319,3 +319,33 @@ def test_alie_replaces_byzantine_rows_with_mean_minus_z_std():
     bad = b.mean(0) - 1.5 * b.std(0)
     np.testing.assert_allclose(out[[0, 2]], [bad, bad], rtol=1e-5)
     np.testing.assert_array_equal(out[[1, 3, 4]], x[[1, 3, 4]])
+
+
+def test_sweep_reports_dp_accounting_epsilon_for_every_run(tmp_path, capsys):
+    """`fedjax-sim sweep` with DP flags: every run's evaluation rows carry epsilon (as `run`
+    does), equal to dp_accounting's for the same event; the noise multiplier is in meta."""
+    import json
+
+    from fedjax_sim.cli import main
+    from fedjax_sim.sweep import SweepResult
+
+    flags = [
+        "sweep", "--dataset", "fedprox_synthetic", "--model", "logistic", "--num-clients", "20",
+        "--rounds", "4", "--eval-every", "2", "--local-steps", "1", "--seeds", "2",
+        "--cohort-sampling", "bernoulli", "--cohort-probability", "0.25", "--cohort-size", "None",
+        "--dp-clip", "1.0", "--dp-noise", "1.2", "--no-progress", "--out", str(tmp_path),
+    ]  # fmt: skip
+    assert main(flags) == 0
+    res = SweepResult.from_dict(json.loads((tmp_path / "histories.json").read_text()))
+    direct = _direct_epsilon(
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(0.25, dp_accounting.GaussianDpEvent(1.2)), 4
+        ),
+        1e-5,
+    )
+    for h in res.histories:
+        assert [e["round"] for e in h.evals] == [0, 2, 4]
+        assert h.evals[0]["epsilon"] == 0.0
+        assert h.evals[-1]["epsilon"] == pytest.approx(direct, rel=1e-9)
+    assert res.meta["noise_multiplier"] == pytest.approx(1.2)
+    assert "epsilon" in capsys.readouterr().out
