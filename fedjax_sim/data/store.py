@@ -2,8 +2,8 @@
 
 - `HostStore`: a generic host-side pytree of `[C, ...]` arrays (numpy in RAM, or `np.memmap`
   files on disk) with `gather(ids)` / `scatter(ids, rows)` of whole client rows. It holds a
-  population's data here; the same store can hold per-client state rows (control variates,
-  duals, memories) once the algorithm layer gathers and scatters them by cohort ids.
+  population's data, and the per-client state rows of a streamed run with
+  `state_rows="host"` (control variates, duals, memories; `fedjax_sim.streaming`).
 - `ClientStore`: a population's training data in a `HostStore` (`x [C, N_max, ...]`,
   `y [C, N_max, ...]`) plus the `[C]` counts (kept in RAM: 4 bytes per client) and an
   on-device `decode` of the gathered features (e.g. uint8 pixels to float32).
@@ -387,20 +387,25 @@ class CohortData(FederatedData):
 
 @struct.dataclass
 class CohortRows:
-    """Per-client state rows of one round's cohort, addressed by real client ids: the
-    streamed counterpart of a `[C, ...]` state leaf (control variates, duals, memories).
+    """Per-client state rows of some clients, addressed by real client ids: the streamed
+    stand-in for a `[C, ...]` state leaf (control variates, duals, memories, read models).
 
-    `rows` is a pytree of `[M, ...]` arrays for the clients `slot_ids [M]` (sorted, as in
-    `CohortData`), gathered from a `HostStore` before the round and scattered back after
-    it. An algorithm that reads its per-client state with `gather(ids)` and writes it with
-    `scatter(ids, mask, values)` runs unchanged on `[C, ...]` arrays (`CohortRows` with
-    `slot_ids = arange(C)`) and on streamed rows.
+    `rows` is a pytree of `[U, ...]` arrays for the clients `slot_ids [U]` (int32, sorted,
+    distinct), gathered from a `HostStore` before a chunk of rounds and scattered back after
+    it. `num_clients` C (static; None: unknown) clamps padding ids C to C - 1, as
+    `events.take_rows` does on a `[C, ...]` array. The row functions of the algorithm layer
+    (`compose.gather_rows` / `scatter_rows`, `events.take_rows` / `set_rows`) dispatch on it,
+    so an algorithm runs unchanged on `[C, ...]` arrays and on streamed rows; every id it
+    reads must be in `slot_ids` (the streamed driver gathers the union of a chunk's cohorts).
     """
 
     rows: Any
     slot_ids: Array
+    num_clients: int | None = struct.field(pytree_node=False, default=None)
 
     def _slots(self, ids: Array) -> Array:
+        if self.num_clients is not None:
+            ids = jnp.minimum(ids, self.num_clients - 1)
         m = self.slot_ids.shape[0]
         return jnp.minimum(jnp.searchsorted(self.slot_ids, ids), m - 1).astype(jnp.int32)
 
@@ -410,14 +415,21 @@ class CohortRows:
         return jax.tree.map(lambda r: r[s], self.rows)
 
     def scatter(self, ids: Array, mask: Array, values: Any) -> CohortRows:
-        """Rows of clients `ids [K]` replaced by `values [K, ...]` where `mask [K]`."""
+        """Rows of clients `ids [K]` replaced by `values [K, ...]` where `mask [K]` (other
+        ids, e.g. padding slots that share a clamped slot, write nothing)."""
         s = self._slots(ids)
 
         def write(r, v):
             keep = mask.reshape(-1, *([1] * (v.ndim - 1)))
-            return r.at[s].set(jnp.where(keep, v, r[s]))
+            v = jnp.where(keep, v.astype(r.dtype), r[s])
+            return r.at[jnp.where(mask, s, r.shape[0])].set(v, mode="drop")
 
         return self.replace(rows=jax.tree.map(write, self.rows, values))
+
+
+def is_rows(x: Any) -> bool:
+    """Whether `x` is a `CohortRows` (the `is_leaf` of tree maps over per-client state)."""
+    return isinstance(x, CohortRows)
 
 
 __all__ = [
@@ -427,5 +439,6 @@ __all__ = [
     "Dequantize",
     "HostStore",
     "identity",
+    "is_rows",
     "write_client_store",
 ]
