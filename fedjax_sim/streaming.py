@@ -197,6 +197,7 @@ class _RowStore:
 
     def __init__(self, store: HostStore, treedef: Any, leaves: list, mask: list[bool], c: int):
         self.store, self.treedef, self.mask, self.num_clients = store, treedef, mask, c
+        self.device = jax.devices()[0]  # where the chunks run
         self.names = [f"leaf{i}" for i, m in enumerate(mask) if m]
         # the state between chunks: device leaves, no rows (they are on the host)
         self.device_state = treedef.unflatten(
@@ -213,9 +214,12 @@ class _RowStore:
     ) -> _RowStore:
         """The initial state built on the host CPU (its rows never reach the device); rows
         in RAM, or in memory-mapped files under `path`."""
-        cpu = jax.devices("cpu")[0]
-        with jax.default_device(cpu):
-            state = algorithm.init(jax.device_put(params, cpu), jax.device_put(key, cpu))
+        if jax.default_backend() == "cpu":
+            state = algorithm.init(params, key)
+        else:  # on the host CPU, not in device memory
+            cpu = jax.devices("cpu")[0]
+            with jax.default_device(cpu):
+                state = algorithm.init(jax.device_put(params, cpu), jax.device_put(key, cpu))
         treedef = jax.tree.structure(state)
         mask = [bool(m) for m in treedef.flatten_up_to(algorithm.rows(state))]
         leaves = treedef.flatten_up_to(state)
@@ -437,7 +441,9 @@ def simulate_streamed(
                     if not rows_store.wait_written(i - 1, stop):
                         return
                     sent["slots"], sent["rows"] = rows_store.gather(ids)
-                item = jax.device_put((ids, host, sent.get("slots"), sent.get("rows")))
+                item = (ids, host, sent.get("slots"), sent.get("rows"))
+                # host rows: committed, as the patched rows of later chunks (one compilation)
+                item = jax.device_put(item, None if rows_store is None else rows_store.device)
                 jax.block_until_ready(item)
                 dt = time.perf_counter() - t0
                 stats.prefetch_seconds += dt
