@@ -8,7 +8,12 @@ rounds on the host side; a background thread gathers their rows and `device_put`
 while the device runs the current chunk of rounds. The algorithm's `step` gets a
 `CohortData` view: the cohort's rows plus the population's `[C]` counts, indexed by real
 client ids, so the run is bit-for-bit the on-device run (`exact` plans). Device memory is
-O(cohort x chunk + model + 8 bytes per client for the algorithm's own cohort draw).
+O(cohort x chunk + model + 8 bytes per client for the algorithm's own cohort draw), plus the
+per-client state rows `[C, ...]` (SCAFFOLD's control variates, FedDyn's h_i, error-feedback
+memories, MIFA's and AREA's read models and memories), unless `state_rows="host"`: then they
+live in a host `HostStore` (RAM or memory-mapped files) and each chunk gets only the rows of
+the clients it touches, as `data.store.CohortRows` tables that the algorithm layer's row
+functions address by real client id (see `simulate_streamed`).
 
 Plans:
 - `AlgorithmCohorts(cohort, counts)`: the ids `CohortSpec.sample` draws in the FedAvg-type
