@@ -1,7 +1,9 @@
 """Per-client state rows on the host (`simulate_streamed(state_rows="host")`): bit for bit the
-all-on-device run for stateful (SCAFFOLD, FedDyn, error feedback, FGDRO) and asynchronous
-(MIFA, AREA) algorithms, with clients repeated within and across chunks; the device never
-holds a `[C, ...]` row; the memory planner streams the rows when only the cohort fits."""
+all-on-device run (`simulate`'s history; the final state of the streamed run with rows on
+device) for stateful (SCAFFOLD, FedDyn, error feedback, FGDRO) and asynchronous (MIFA: read
+models and memories) algorithms, with clients repeated within and across chunks and a last
+partial chunk; the device never holds a `[C, ...]` row; rows on disk equal rows in RAM; the
+memory planner streams the rows when only the cohort fits."""
 
 import functools
 
