@@ -358,14 +358,15 @@ def simulate_streamed(
     memories, asynchronous read models and memories):
     - `state_rows="device"`: `[C, ...]` in the algorithm state on device.
     - `state_rows="host"`: `[C, ...]` in a `HostStore` (NumPy; memory-mapped files under
-      `rows_dir` if given). The background thread gathers the rows of the union of each
-      chunk's cohorts (padded with other clients to `U = min(C, T x M)` rows, one compiled
-      shape) and the chunk runs on a state whose row leaves are `CohortRows [U, ...]` (read
-      and written by real client id; keys and data use the real ids). A chunk's rows are
-      gathered once the rows of the chunk before the previous one are back on the host; the
-      rows the previous chunk changed are taken from its device table (`_patch`), and its
-      write-back runs while the next chunk computes. Bit for bit the `"device"` run, except
-      statistics over all C rows (`uplink_memory_rms`, FGDRO's objectives), not reported.
+      `rows_dir` if given; `algorithm.init` builds them once in host RAM). The background
+      thread gathers the rows of the union of each chunk's cohorts (padded with other
+      clients to `U = min(C, T x M)` rows, one compiled shape) and the chunk runs on a
+      state whose row leaves are `CohortRows [U, ...]` (read and written by real client id;
+      keys and data use the real ids). A chunk's rows are gathered once the rows of the
+      chunk before the previous one are back on the host; the rows the previous chunk
+      changed are taken from its device table (`_patch`), and its write-back runs while the
+      next chunk computes. Bit for bit the `"device"` run, except statistics over all C
+      rows (`uplink_memory_rms`, FGDRO's objectives), not reported.
     `return_state`: also return the final state (host-mode row leaves as host arrays).
 
     Raises ValueError (before compiling) for settings a cohort view cannot serve: per-client
