@@ -28,7 +28,12 @@ from fedjax_sim.data.store import ClientStore, CohortRows, is_rows
 from fedjax_sim.events import Aggregation, Arrivals, Events
 from fedjax_sim.models import logistic_regression
 from fedjax_sim.parallel import fit_population
-from fedjax_sim.streaming import AlgorithmCohorts, EventCohorts, simulate_streamed
+from fedjax_sim.streaming import (
+    AlgorithmCohorts,
+    EventCohorts,
+    UniformCohorts,
+    simulate_streamed,
+)
 
 C, M, EVERY, ROUNDS = 24, 4, 3, 7  # chunks of 3, 3, 1 rounds; U = min(C, 3 M) = 12 rows
 LOCAL = LocalSpec(steps=2, batch_size=8)
@@ -157,6 +162,8 @@ def test_host_rows_on_disk_and_argument_errors(digits, model, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     with pytest.raises(ValueError, match="state_rows must be"):
         simulate_streamed(alg, store, key, **{**kw, "state_rows": "disk"})
+    with pytest.raises(ValueError, match="exact cohort plan"):
+        simulate_streamed(alg, store, key, **{**kw, "plan": UniformCohorts(C, M)})
     with pytest.raises(ValueError, match="rows_dir"):
         simulate_streamed(alg, store, key, **{**kw, "state_rows": "device"}, rows_dir="x")
 
