@@ -45,9 +45,10 @@ GradFn = Callable[[ValueAndGrad, Params, Batch, Any], tuple[jax.Array, Params, A
 class Algorithm(NamedTuple):
     """A federated algorithm as a pure state transition (the optax pattern).
 
-    `rows` (optional): `state -> the state's tree with True at its per-client row leaves
-    `[C, ...]` and False elsewhere` (`row_mask`); `simulate_streamed(state_rows="host")`
-    keeps those leaves on the host and sends the device only the rows a chunk touches."""
+    `rows` (optional): maps a state to the same tree with True at its per-client row
+    leaves `[C, ...]` and False elsewhere (built with `row_mask`);
+    `simulate_streamed(state_rows="host")` keeps those leaves on the host and sends the
+    device only the rows a chunk touches."""
 
     init: Callable[[Params, PRNGKey], State]
     step: Callable[[State, FederatedData, PRNGKey], tuple[State, Metrics]]
