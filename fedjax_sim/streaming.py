@@ -195,10 +195,12 @@ class _RowStore:
     """`state_rows="host"`: the `[C, ...]` row leaves of the algorithm state in a
     `HostStore`, the device rows of the chunk that ran last, and their write-back.
 
-    Order: chunk i's rows are gathered (background thread) once chunks `< i - 1` are written
-    back (`wait_written`); `enter` patches in the rows chunk i - 1 changed from its device
-    table; `write_back` (main thread, while chunk i runs) returns chunk i - 1's rows. A
-    gather of chunk i may overlap that write-back only on rows it then patches."""
+    Order: chunk i's rows are gathered (background thread, while chunk i - 1 computes) once
+    chunks `< i - 1` are written back (`wait_written`); `enter` patches in the rows chunk
+    i - 1 changed from its device table; `write_back` (main thread, after chunk i is
+    dispatched, so while it runs) returns chunk i - 1's rows. Gathers and write-backs never
+    touch the store at the same time: chunk i's rows are out of the queue before chunk
+    i - 1's write-back starts, and chunk i + 1's gather waits for it."""
 
     def __init__(self, store: HostStore, treedef: Any, leaves: list, mask: list[bool], c: int):
         self.store, self.treedef, self.mask, self.num_clients = store, treedef, mask, c
