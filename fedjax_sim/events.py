@@ -66,6 +66,8 @@ import numpy as np
 from flax import struct
 from jax import lax
 
+from fedjax_sim.data.store import is_rows
+
 SAMPLINGS = ("uniform", "proportional")
 
 
@@ -170,15 +172,18 @@ def take_rows(tree: Any, ids: jax.Array) -> Any:
     """`a[ids]` of every leaf `a [C, ...]` of a tree (an array is one) for slot ids `[B]`
     (padding id C reads row C - 1), always as a gather (for B = 1 the row is gathered twice:
     a single-row read becomes a dynamic-slice that XLA fuses into its consumers, which
-    defeats the in-place update of `set_rows`)."""
+    defeats the in-place update of `set_rows`). A streamed `data.store.CohortRows` leaf is
+    read by client id from its chunk's rows."""
 
     def take(a):
+        if is_rows(a):
+            return a.gather(ids)
         safe = jnp.minimum(ids, a.shape[0] - 1)
         if ids.shape[0] == 1:
             return a[jnp.concatenate([safe, safe])][:1]
         return a[safe]
 
-    return jax.tree.map(take, tree)
+    return jax.tree.map(take, tree, is_leaf=is_rows)
 
 
 def set_rows(tree: Any, ids: jax.Array, active: jax.Array, values: Any) -> Any:
@@ -191,9 +196,12 @@ def set_rows(tree: Any, ids: jax.Array, active: jax.Array, values: Any) -> Any:
     and could be scheduled after the write, so XLA would copy the whole `[C, ...]` array every
     iteration (measured: 2 copies per array per iteration). Writing `where(active, values,
     old rows)` makes the write depend on the read and removes the copies; one slot is padded to
-    two because XLA turns a one-row scatter into an update plus a select over the whole array."""
+    two because XLA turns a one-row scatter into an update plus a select over the whole array.
+    A streamed `data.store.CohortRows` leaf is written by client id into its chunk's rows."""
 
     def put(a, v):
+        if is_rows(a):
+            return a.scatter(ids, active, v)
         c = a.shape[0]
         keep = active.reshape((-1,) + (1,) * (a.ndim - 1))
         v = jnp.where(keep, v.astype(a.dtype), take_rows(a, ids))
@@ -203,7 +211,7 @@ def set_rows(tree: Any, ids: jax.Array, active: jax.Array, values: Any) -> Any:
             v = jnp.concatenate([v, v])
         return a.at[write].set(v, mode="drop")
 
-    return jax.tree.map(put, tree, values)
+    return jax.tree.map(put, tree, values, is_leaf=is_rows)
 
 
 # ------------------------------------------------------------------------------ configuration

@@ -12,7 +12,8 @@
 
 `fit_client_map(cohort, per_client_bytes, budget_bytes)` picks a concrete mode and chunk
 for a memory budget (a small heuristic, documented on the function); `fit_population`
-chooses between the population's data on device and streamed (`fedjax_sim.streaming`).
+chooses between the population's data (and per-client state rows) on device and streamed
+(`fedjax_sim.streaming`).
 
 `map_sum` fuses the aggregation into the map: the summands are accumulated chunk by chunk, so
 a FedAvg round never materialises `[M, d]` client updates in `map` mode. All modes compute the
@@ -298,11 +299,14 @@ class PopulationPlan:
         (`fedjax_sim.streaming.simulate_streamed`: only the cohort rows in flight).
       client_map: the cohort mapping that fits what is left (`fit_client_map`).
       device_bytes: estimated resident bytes before the clients' working sets.
+      state_rows: where the per-client state rows live (`simulate_streamed`'s
+        `state_rows`): "device" (`[C, ...]`) or "host" (only the chunks' rows in flight).
     """
 
     placement: Literal["device", "streamed"]
     client_map: ClientMap
     device_bytes: int
+    state_rows: Literal["device", "host"] = "device"
 
 
 def fit_population(
@@ -317,33 +321,40 @@ def fit_population(
     in_flight: int = 3,
     backend: str | None = None,
 ) -> PopulationPlan:
-    """On-device vs streamed data for `num_clients` clients with cohorts of `cohort`.
+    """On-device vs streamed data and state rows for `num_clients` clients with cohorts of
+    `cohort` (the clients of one streamed chunk).
 
-    Resident bytes: on device, `C x (data + state rows) + fixed`; streamed, `in_flight x
-    cohort x data` (the chunk being computed plus the prefetched ones) `+ C x (state rows +
-    8)` (per-client state rows stay on device until the algorithm layer streams them; 8
-    bytes per client for the counts and the O(C) cohort draw) `+ fixed`. The data stay on
-    device whenever the mapped cohort still fits next to them (no copies per round);
-    otherwise they are streamed. Raises ValueError if neither fits."""
+    Resident bytes, first that leaves room for one client's working set wins:
+    1. all on device: `C x (data + state rows) + fixed` (no copies per round);
+    2. data streamed, state rows on device: `in_flight x cohort x data` (the chunk being
+       computed plus the prefetched ones) `+ C x (state rows + 8) + fixed`;
+    3. both streamed (`state_rows="host"`): `in_flight x cohort x (data + state rows) +
+       cohort x state rows` (the previous chunk's rows, kept to patch the next one)
+       `+ C x 8 + fixed`.
+    8 bytes per client: the counts and the O(C) cohort draw. Raises ValueError if none fits.
+    """
     if min(num_clients, cohort, per_client_bytes) < 1 or data_bytes_per_client < 0:
         raise ValueError("num_clients, cohort and per_client_bytes must be >= 1")
     if cohort > num_clients:
         raise ValueError(f"cohort {cohort} exceeds the population ({num_clients})")
-    on_device = num_clients * (data_bytes_per_client + state_bytes_per_client) + fixed_bytes
-    if budget_bytes - on_device >= per_client_bytes:
-        cmap = fit_client_map(cohort, per_client_bytes, budget_bytes - on_device, backend=backend)
-        return PopulationPlan("device", cmap, int(on_device))
-    streamed = (
-        in_flight * cohort * data_bytes_per_client
-        + num_clients * (state_bytes_per_client + 8)
-        + fixed_bytes
+    data, rows = data_bytes_per_client, state_bytes_per_client
+    candidates = (
+        ("device", "device", num_clients * (data + rows)),
+        ("streamed", "device", in_flight * cohort * data + num_clients * (rows + 8)),
+        (
+            "streamed",
+            "host",
+            in_flight * cohort * (data + rows) + cohort * rows + num_clients * 8,
+        ),
     )
-    if budget_bytes - streamed < per_client_bytes:
-        raise ValueError(
-            f"neither placement fits {budget_bytes / 2**30:.2f} GiB: the data on device need "
-            f"{on_device / 2**30:.2f} GiB, streamed {streamed / 2**30:.2f} GiB "
-            f"(per-client state rows {num_clients * state_bytes_per_client / 2**30:.2f} GiB "
-            "stay on device) plus one client's working set"
-        )
-    cmap = fit_client_map(cohort, per_client_bytes, budget_bytes - streamed, backend=backend)
-    return PopulationPlan("streamed", cmap, int(streamed))
+    for placement, where, resident in candidates:
+        resident += fixed_bytes
+        if budget_bytes - resident >= per_client_bytes:
+            cmap = fit_client_map(
+                cohort, per_client_bytes, budget_bytes - resident, backend=backend
+            )
+            return PopulationPlan(placement, cmap, int(resident), where)
+    raise ValueError(
+        f"no placement fits {budget_bytes / 2**30:.2f} GiB: the smallest, data and state rows "
+        f"streamed, needs {resident / 2**30:.2f} GiB plus one client's working set"
+    )

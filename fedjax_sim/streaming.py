@@ -8,7 +8,12 @@ rounds on the host side; a background thread gathers their rows and `device_put`
 while the device runs the current chunk of rounds. The algorithm's `step` gets a
 `CohortData` view: the cohort's rows plus the population's `[C]` counts, indexed by real
 client ids, so the run is bit-for-bit the on-device run (`exact` plans). Device memory is
-O(cohort x chunk + model + 8 bytes per client for the algorithm's own cohort draw).
+O(cohort x chunk + model + 8 bytes per client for the algorithm's own cohort draw), plus the
+per-client state rows `[C, ...]` (SCAFFOLD's control variates, FedDyn's h_i, error-feedback
+memories, MIFA's and AREA's read models and memories), unless `state_rows="host"`: then they
+live in a host `HostStore` (RAM or memory-mapped files) and each chunk gets only the rows of
+the clients it touches, as `data.store.CohortRows` tables that the algorithm layer's row
+functions address by real client id (see `simulate_streamed`).
 
 Plans:
 - `AlgorithmCohorts(cohort, counts)`: the ids `CohortSpec.sample` draws in the FedAvg-type
@@ -29,7 +34,7 @@ import functools
 import queue
 import threading
 import time
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +44,7 @@ from jax import lax
 from fedjax_sim.algorithms.core import COHORT, Algorithm, CohortSpec, round_key, tree_all_finite
 from fedjax_sim.data.federated import ArrayData, FederatedData
 from fedjax_sim.data.procedural import Population
-from fedjax_sim.data.store import ClientStore, CohortData
+from fedjax_sim.data.store import ClientStore, CohortData, CohortRows, HostStore
 from fedjax_sim.history import History
 from fedjax_sim.models.base import Model
 from fedjax_sim.simulate import (
@@ -173,6 +178,133 @@ def _source_info(source: ClientStore | Population) -> tuple[int, int, np.ndarray
     raise TypeError(f"source must be a ClientStore or a procedural Population, got {type(source)}")
 
 
+# ------------------------------------------------------------------------------ state rows
+@jax.jit
+def _patch(table: list, slots: jax.Array, prev: list, prev_slots: jax.Array) -> list:
+    """Rows `table [U, ...]` of clients `slots [U]`, with those the previous chunk holds
+    (`prev [U, ...]` of `prev_slots [U]`, newer than the host's) taken from it."""
+    s = jnp.minimum(jnp.searchsorted(prev_slots, slots), prev_slots.shape[0] - 1)
+    fresh = prev_slots[s] == slots
+    return [
+        jnp.where(fresh.reshape(-1, *([1] * (t.ndim - 1))), p[s], t)
+        for t, p in zip(table, prev, strict=True)
+    ]
+
+
+class _RowStore:
+    """`state_rows="host"`: the `[C, ...]` row leaves of the algorithm state in a
+    `HostStore`, the device rows of the chunk that ran last, and their write-back.
+
+    Order: chunk i's rows are gathered (background thread, while chunk i - 1 computes) once
+    chunks `< i - 1` are written back (`wait_written`); `enter` patches in the rows chunk
+    i - 1 changed from its device table; `write_back` (main thread, after chunk i is
+    dispatched, so while it runs) returns chunk i - 1's rows. Gathers and write-backs never
+    touch the store at the same time: chunk i's rows are out of the queue before chunk
+    i - 1's write-back starts, and chunk i + 1's gather waits for it."""
+
+    def __init__(self, store: HostStore, treedef: Any, leaves: list, mask: list[bool], c: int):
+        self.store, self.treedef, self.mask, self.num_clients = store, treedef, mask, c
+        self.device = jax.devices()[0]  # where the chunks run
+        self.names = [f"leaf{i}" for i, m in enumerate(mask) if m]
+        # the state between chunks: device leaves, no rows (they are on the host)
+        self.device_state = treedef.unflatten(
+            [None if m else a for a, m in zip(leaves, mask, strict=True)]
+        )
+        self.prev: tuple[jax.Array, list] | None = None  # (slots, rows) of the last chunk
+        self.pending: tuple[jax.Array, list] | None = None  # not yet written back
+        self.written = 0  # chunks written back
+        self.cond = threading.Condition()
+
+    @classmethod
+    def init(
+        cls, algorithm: Algorithm, params: Any, key: jax.Array, c: int, path: str | None
+    ) -> _RowStore:
+        """The initial state built on the host CPU (its rows never reach the device); rows
+        in RAM, or in memory-mapped files under `path`."""
+        if jax.default_backend() == "cpu":
+            state = algorithm.init(params, key)
+        else:  # on the host CPU, not in device memory
+            cpu = jax.devices("cpu")[0]
+            with jax.default_device(cpu):
+                state = algorithm.init(jax.device_put(params, cpu), jax.device_put(key, cpu))
+        treedef = jax.tree.structure(state)
+        mask = [bool(m) for m in treedef.flatten_up_to(algorithm.rows(state))]
+        leaves = treedef.flatten_up_to(state)
+        rows = {f"leaf{i}": np.array(a) for i, a in enumerate(leaves) if mask[i]}
+        for name, a in rows.items():
+            if a.ndim == 0 or a.shape[0] != c:
+                raise ValueError(f"state row {name} has shape {a.shape}, expected [{c}, ...]")
+        if path is None:
+            store = HostStore(rows)
+        else:
+            spec = {n: (a.shape[1:], a.dtype) for n, a in rows.items()}
+            store = HostStore.create(path, c, spec)
+            store.write_rows(0, rows)
+        device = jax.devices()[0]
+        leaves = [
+            None if m else jax.device_put(a, device) for a, m in zip(leaves, mask, strict=True)
+        ]
+        return cls(store, treedef, leaves, mask, c)
+
+    def _with_rows(self, state: Any, rows: list) -> Any:
+        """`state` with its row leaves replaced by `rows` (in leaf order)."""
+        it = iter(rows)
+        leaves = self.treedef.flatten_up_to(state)
+        return self.treedef.unflatten(
+            [next(it) if m else a for a, m in zip(leaves, self.mask, strict=True)]
+        )
+
+    def wait_written(self, chunks: int, stop: threading.Event) -> bool:
+        """Waits until `chunks` chunks are written back (False: the run stopped)."""
+        with self.cond:
+            while self.written < chunks:
+                if stop.is_set():
+                    return False
+                self.cond.wait(0.1)
+        return True
+
+    def gather(self, ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        """`(slots [U], rows [U, ...] per row leaf)` for a chunk's ids `[T, M]`: the union of
+        its cohorts padded with the lowest other ids to `U = min(C, T x M)` (one shape)."""
+        size = min(self.num_clients, ids.size)
+        slots = np.unique(ids)
+        if slots.size < size:
+            extra = np.setdiff1d(np.arange(size), slots, assume_unique=True)
+            slots = np.sort(np.concatenate([slots, extra[: size - slots.size]]))
+        rows = self.store.gather(slots)
+        return slots.astype(np.int32), [rows[n] for n in self.names]
+
+    def enter(self, state: Any, slots: jax.Array, table: list) -> Any:
+        """`state` with its row leaves the chunk's `CohortRows [U, ...]` (patched)."""
+        if self.prev is not None:
+            table = _patch(table, slots, self.prev[1], self.prev[0])
+        return self._with_rows(state, [CohortRows(t, slots, self.num_clients) for t in table])
+
+    def leave(self, state: Any) -> None:
+        """Keeps the chunk's new rows (to patch the next chunk) and queues their write-back."""
+        leaves = self.treedef.flatten_up_to(state)
+        rows = [a for a, m in zip(leaves, self.mask, strict=True) if m]
+        self.prev = self.pending = (rows[0].slot_ids, [r.rows for r in rows])
+
+    def write_back(self) -> int:
+        """Writes the queued rows to the host store; returns the bytes."""
+        if self.pending is None:
+            return 0
+        slots, table = self.pending
+        host = {n: np.asarray(t) for n, t in zip(self.names, table, strict=True)}
+        self.store.scatter(np.asarray(slots), host)
+        self.pending = None
+        with self.cond:
+            self.written += 1
+            self.cond.notify_all()
+        return sum(v.nbytes for v in host.values())
+
+    def final_state(self, state: Any) -> Any:
+        """`state` with its row leaves the host store's `[C, ...]` arrays."""
+        self.store.flush()
+        return self._with_rows(state, [self.store.arrays[n] for n in self.names])
+
+
 # ------------------------------------------------------------------------------ runner
 @dataclasses.dataclass
 class StreamStats:
@@ -181,7 +313,9 @@ class StreamStats:
     prefetch_seconds: float = 0.0  # drawing ids + gathering rows + device_put, all chunks
     stall_seconds: float = 0.0  # the main loop waiting for data, chunks after the first
     first_chunk_seconds: float = 0.0  # data of the first chunk (cannot overlap anything)
-    bytes_sent: int = 0
+    bytes_sent: int = 0  # data, ids and (state_rows="host") state rows sent to the device
+    bytes_returned: int = 0  # state rows written back to the host store
+    writeback_seconds: float = 0.0  # main loop: state rows to the host, while a chunk runs
     chunks: int = 0
     chunk_seconds: list[float] = dataclasses.field(default_factory=list)  # wall, incl. stalls
 
@@ -209,18 +343,37 @@ def simulate_streamed(
     progress: bool = True,
     prefetch: int = 2,
     meta: dict[str, Any] | None = None,
-) -> History:
+    state_rows: Literal["device", "host"] = "device",
+    rows_dir: str | None = None,
+    return_state: bool = False,
+) -> History | tuple[History, Any]:
     """Runs `num_rounds` of `algorithm` on a population outside device memory.
 
     Same loop as `simulate` (scan chunks of `evaluation.every` rounds, central evaluation,
     progress bar, NaN check), but each chunk's cohort rows `[T, M, ...]` are gathered from
     `source` by a background thread (`prefetch` chunks ahead) and passed to the compiled
     chunk; rounds see a `CohortData` view (exact plans) or the cohort as their population
-    (`UniformCohorts`). Per-client state rows stay in the algorithm state on device.
-    `History.meta["streaming"]` holds the pipeline timings (`StreamStats`).
+    (`UniformCohorts`). `History.meta["streaming"]` holds the pipeline timings
+    (`StreamStats`).
+
+    Per-client state rows (the leaves `algorithm.rows` marks: hook rows, aggregator
+    memories, asynchronous read models and memories):
+    - `state_rows="device"`: `[C, ...]` in the algorithm state on device.
+    - `state_rows="host"`: `[C, ...]` in a `HostStore` (NumPy; memory-mapped files under
+      `rows_dir` if given; `algorithm.init` builds them once in host RAM). The background
+      thread gathers the rows of the union of each chunk's cohorts (padded with other
+      clients to `U = min(C, T x M)` rows, one compiled shape) and the chunk runs on a
+      state whose row leaves are `CohortRows [U, ...]` (read and written by real client id;
+      keys and data use the real ids). A chunk's rows are gathered once the rows of the
+      chunk before the previous one are back on the host; the rows the previous chunk
+      changed are taken from its device table (`_patch`), and its write-back runs while the
+      next chunk computes. Bit for bit the `"device"` run, except statistics over all C
+      rows (`uplink_memory_rms`, FGDRO's objectives), not reported.
+    `return_state`: also return the final state (host-mode row leaves as host arrays).
 
     Raises ValueError (before compiling) for settings a cohort view cannot serve: per-client
-    or training-set evaluation, a plan over another population size, `prefetch < 1`.
+    or training-set evaluation, a plan over another population size, `prefetch < 1`, host
+    rows with a non-exact plan or an algorithm that does not declare its rows.
     """
     if num_rounds < 1:
         raise ValueError(f"num_rounds must be >= 1, got {num_rounds}")
@@ -239,10 +392,25 @@ def simulate_streamed(
             f"an exact plan draws cohorts over all {num_clients} clients on device; use "
             "UniformCohorts for populations this large"
         )
+    if state_rows not in ("device", "host"):
+        raise ValueError(f'state_rows must be "device" or "host", got {state_rows!r}')
+    host_rows = state_rows == "host"
+    if host_rows and (not plan.exact or algorithm.rows is None):
+        raise ValueError(
+            'state_rows="host" needs an exact cohort plan and an algorithm that declares its '
+            "per-client rows (Algorithm.rows)"
+        )
+    if rows_dir is not None and not host_rows:
+        raise ValueError('rows_dir holds host state rows: give it with state_rows="host"')
 
     if params is None:
         params = model.init(jax.random.fold_in(key, INIT_PURPOSE))
-    state = algorithm.init(params, key)
+    rows_store: _RowStore | None = None
+    if host_rows:
+        rows_store = _RowStore.init(algorithm, params, key, num_clients, rows_dir)
+        state = rows_store.device_state
+    else:
+        state = algorithm.init(params, key)
     counts_dev = None
     if plan.exact:
         counts_dev = jnp.asarray(host_counts) if host_counts is not None else source.all_counts()
@@ -275,12 +443,20 @@ def simulate_streamed(
                     host = source.rows.gather(flat)
                     host = {k: v.reshape(*ids.shape, *v.shape[1:]) for k, v in host.items()}
                     host["counts"] = source.counts[flat].reshape(ids.shape)
-                item = jax.device_put((ids, host))
+                sent = {"ids": ids, **host}
+                if rows_store is not None:
+                    # chunks up to i - 2 written back; chunk i - 1's rows are patched in
+                    if not rows_store.wait_written(i - 1, stop):
+                        return
+                    sent["slots"], sent["rows"] = rows_store.gather(ids)
+                item = (ids, host, sent.get("slots"), sent.get("rows"))
+                # host rows: committed, as the patched rows of later chunks (one compilation)
+                item = jax.device_put(item, None if rows_store is None else rows_store.device)
                 jax.block_until_ready(item)
                 dt = time.perf_counter() - t0
                 stats.prefetch_seconds += dt
                 stats.first_chunk_seconds += dt if i == 0 else 0.0
-                stats.bytes_sent += int(ids.nbytes + sum(v.nbytes for v in host.values()))
+                stats.bytes_sent += sum(v.nbytes for v in jax.tree.leaves(sent))
                 while not stop.is_set():
                     try:
                         q.put(item, timeout=0.1)
@@ -312,8 +488,14 @@ def simulate_streamed(
                 raise item
             if i > 0:
                 stats.stall_seconds += time.perf_counter() - t_wait
-            ids, host = item
+            ids, host, slots, table = item
+            if rows_store is not None:
+                state = rows_store.enter(state, slots, table)
             new_state, metrics = run_chunk(state, host, ids, counts_dev, key, r1 - r0)
+            if rows_store is not None:  # the previous chunk's rows, while this one runs
+                t_back = time.perf_counter()
+                stats.bytes_returned += rows_store.write_back()
+                stats.writeback_seconds += time.perf_counter() - t_back
             metrics = jax.tree.map(lambda m: np.asarray(m)[: r1 - r0], metrics)
             finite = np.asarray(metrics.pop("params_finite"))
             history.append_rounds(r0 + 1, metrics)
@@ -325,19 +507,24 @@ def simulate_streamed(
                     "algorithm reads (missing clients read NaN features)"
                 )
             state = new_state
+            if rows_store is not None:
+                rows_store.leave(state)
             stats.chunks += 1
             stats.chunk_seconds.append(time.perf_counter() - t_wait)  # incl. waiting for data
             values = do_eval(r1, state) if r1 % evaluation.every == 0 or r1 == num_rounds else {}
             if bar is not None:
                 bar.update(r1 - bar.n)
                 bar.set_postfix(_postfix(metrics, values), refresh=False)
+        if rows_store is not None:
+            stats.bytes_returned += rows_store.write_back()
+            state = rows_store.final_state(state)
     finally:
         stop.set()
         if bar is not None:
             bar.close()
         history.meta["seconds"] = time.perf_counter() - t_start
         history.meta["streaming"] = stats.to_dict()
-    return history
+    return (history, state) if return_state else history
 
 
 @functools.lru_cache(maxsize=16)

@@ -89,5 +89,7 @@ def test_fit_population_chooses_device_then_streamed():
     big = fit_population(10**6, 10, budget_bytes=20_000_000, **kw)  # 1 GB of data
     assert big.placement == "streamed" and big.device_bytes == 3 * 10 * 1000 + 8 * 10**6
     assert big.client_map.mode == "vmap"
-    with pytest.raises(ValueError, match="neither placement"):
-        fit_population(10**6, 10, budget_bytes=20_000_000, state_bytes_per_client=20, **kw)
+    rows = fit_population(10**6, 10, budget_bytes=20_000_000, state_bytes_per_client=20, **kw)
+    assert rows.placement == "streamed" and rows.state_rows == "host"  # tests/test_streaming_rows
+    with pytest.raises(ValueError, match="no placement fits"):
+        fit_population(10**7, 10, budget_bytes=20_000_000, state_bytes_per_client=20, **kw)

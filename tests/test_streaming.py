@@ -13,7 +13,13 @@ from fedjax_sim.algorithms.core import Stragglers
 from fedjax_sim.bench import workloads
 from fedjax_sim.data import load_digits
 from fedjax_sim.data.procedural import FedProxSynthetic, Population, UniformClassification
-from fedjax_sim.data.store import ClientStore, Dequantize, HostStore, write_client_store
+from fedjax_sim.data.store import (
+    ClientStore,
+    Dequantize,
+    HostStore,
+    RecordRows,
+    write_client_store,
+)
 from fedjax_sim.events import Aggregation, Arrivals, Events
 from fedjax_sim.models import logistic_regression, mlp
 from fedjax_sim.streaming import (
@@ -70,30 +76,27 @@ def test_streamed_equals_on_device(digits, name):
     assert h2.meta["streaming"]["chunks"] == 3
 
 
+COUNTS = np.random.default_rng(0).integers(0, 9, 40)
+
+
+def _fill(ids):
+    r = np.random.default_rng(ids[0])
+    x = r.integers(0, 256, (ids.size, 8, 12), dtype=np.uint8)
+    y = r.integers(0, 3, (ids.size, 8)).astype(np.int32)
+    return x, y, COUNTS[ids]
+
+
+def _write(path, **kw):
+    return write_client_store(
+        path, 40, 8, (12,), _fill, num_classes=3, dequantize=1 / 255, block=16, progress=False, **kw
+    )
+
+
 def test_disk_store_uint8_equals_on_device(tmp_path):
     """A memory-mapped uint8 store decoded on device equals the decoded data on device."""
-    rng = np.random.default_rng(0)
-    counts = rng.integers(0, 9, 40)
-
-    def fill(ids):
-        r = np.random.default_rng(ids[0])
-        x = r.integers(0, 256, (ids.size, 8, 12), dtype=np.uint8)
-        y = r.integers(0, 3, (ids.size, 8)).astype(np.int32)
-        return x, y, counts[ids]
-
-    store = write_client_store(
-        str(tmp_path / "pop"),
-        40,
-        8,
-        (12,),
-        fill,
-        num_classes=3,
-        dequantize=1 / 255,
-        block=16,
-        progress=False,
-    )
+    store = _write(str(tmp_path / "pop"))
     assert store.rows.on_disk and isinstance(store.decode, Dequantize)
-    np.testing.assert_array_equal(store.counts, counts)
+    np.testing.assert_array_equal(store.counts, COUNTS)
     data = store.to_federated()
     model = logistic_regression((12,), 3)
     cohort = CohortSpec(size=9)
@@ -103,8 +106,35 @@ def test_disk_store_uint8_equals_on_device(tmp_path):
         model=model, num_rounds=4, evaluation=EvalSpec(every=2, clients=False), progress=False
     )
     h1 = simulate(alg, data, key, **kw)
-    h2 = simulate_streamed(alg, store, key, plan=AlgorithmCohorts(cohort, counts), **kw)
+    h2 = simulate_streamed(alg, store, key, plan=AlgorithmCohorts(cohort, COUNTS), **kw)
     _same(h1, h2)
+
+
+def test_array_record_store_equals_raw_store(tmp_path):
+    """The same population as one array_record file (a record per client) gathers the same
+    rows and streams the same run as the raw memory-mapped files."""
+    pytest.importorskip("array_record")
+    raw = _write(str(tmp_path / "raw"))
+    records = _write(str(tmp_path / "records"), file_format="array_record")
+    assert isinstance(records.rows, RecordRows) and records.max_count == 8
+    np.testing.assert_array_equal(records.counts, COUNTS)
+    ids = np.array([39, 3, 3, 17])
+    for k, v in records.rows.gather(ids).items():
+        np.testing.assert_array_equal(v, raw.rows.gather(ids)[k])
+    model = logistic_regression((12,), 3)
+    cohort = CohortSpec(size=9)
+    alg = fedavg(model.loss, local=LOCAL, cohort=cohort)
+    kw = dict(
+        plan=AlgorithmCohorts(cohort, COUNTS),
+        model=model,
+        num_rounds=4,
+        evaluation=EvalSpec(every=2, clients=False),
+        progress=False,
+    )
+    key = jax.random.key(2)
+    _same(simulate_streamed(alg, raw, key, **kw), simulate_streamed(alg, records, key, **kw))
+    with pytest.raises(ValueError, match="file_format"):
+        _write(str(tmp_path / "bad"), file_format="parquet")
 
 
 def test_procedural_equals_materialized_and_bench_data():

@@ -61,6 +61,7 @@ from fedjax_sim.algorithms.core import (
     client_key,
     payload_metrics,
     round_key,
+    row_mask,
     server_update,
 )
 from fedjax_sim.algorithms.hooks import scaled
@@ -368,7 +369,23 @@ def compose_async(
         }
         return AsyncState(params, read, rule_state, new_events, computed), metrics
 
-    return Algorithm(init, step)
+    def rows(state: AsyncState) -> AsyncState:
+        # the rule's per-client leaves: those whose leading axis follows C
+        def rule_shapes(n):
+            return jax.eval_shape(lambda p: rule.init(p, n), state.params)
+
+        per_client = jax.tree.map(
+            lambda a, b: a.shape != b.shape, rule_shapes(c), rule_shapes(c + 1)
+        )
+        return AsyncState(
+            params=row_mask(state.params, False),
+            read=row_mask(state.read, True),
+            rule=per_client,
+            events=row_mask(state.events, False),
+            computed=row_mask(state.computed, True),
+        )
+
+    return Algorithm(init, step, rows)
 
 
 # ------------------------------------------------------------------------------ rules

@@ -55,12 +55,14 @@ from fedjax_sim.algorithms.core import (
     map_weighted_sum,
     mean_of_total,
     round_key,
+    row_mask,
     server_update,
     tree_norm,
     tree_sq_norm,
     tree_sub,
 )
 from fedjax_sim.data.federated import Batch, FederatedData, tree_size_bytes
+from fedjax_sim.data.store import is_rows
 from fedjax_sim.parallel import ClientMap
 
 ValueAndGrad = Callable[[Params, Batch], tuple[jax.Array, Params]]
@@ -185,7 +187,8 @@ class RoundSummary(NamedTuple):
 
     `mean`, `outputs`, `rows` and `row_change` are the hook's own (its summands' weighted
     mean, its stacked per-client outputs `[M, ...]`, its rows of all clients after the round
-    `[C, ...]` and the sum over contributing clients of `new row - old row`)."""
+    `[C, ...]`, None when the rows are streamed (`state_rows="host"`), and the sum over
+    contributing clients of `new row - old row`)."""
 
     params: Params  # x_t
     new_params: Params | None  # x_{t+1} (None in `correct`, which runs before the server step)
@@ -718,26 +721,36 @@ class FederatedState:
 
 
 def gather_rows(rows: Any, ids: jax.Array) -> Any:
-    """Cohort rows `rows[ids]` of per-client state `[C, ...]`."""
-    return jax.tree.map(lambda r: r[ids], rows)
+    """Cohort rows `rows[ids]` of per-client state `[C, ...]` (or streamed `CohortRows`)."""
+    return jax.tree.map(lambda r: r.gather(ids) if is_rows(r) else r[ids], rows, is_leaf=is_rows)
 
 
 def scatter_rows(rows: Any, ids: jax.Array, keep: jax.Array, new: Any) -> Any:
-    """Writes the new cohort rows of clients with `keep [M]` back into `[C, ...]` (others keep
-    theirs; a client drawn twice keeps one of its new rows)."""
+    """Writes the new cohort rows of clients with `keep [M]` back into `[C, ...]` (or
+    streamed `CohortRows`; others keep theirs; a client drawn twice keeps one of its new
+    rows)."""
 
     def write(r, n):
+        if is_rows(r):
+            return r.scatter(ids, keep, n)
         k = keep.reshape(-1, *([1] * (n.ndim - 1)))
         return r.at[ids].set(jnp.where(k, n, r[ids]))
 
-    return jax.tree.map(write, rows, new)
+    return jax.tree.map(write, rows, new, is_leaf=is_rows)
+
+
+def streamed_rows(rows: Any) -> bool:
+    """Whether per-client state is streamed `CohortRows` (only the chunk's clients on
+    device): population statistics over the rows are then not available."""
+    return any(is_rows(r) for r in jax.tree.leaves(rows, is_leaf=is_rows))
 
 
 def _check_rows(rows: Any, num_clients: int, what: str) -> None:
-    for leaf in jax.tree.leaves(rows):
-        if leaf.shape[0] != num_clients:
+    for leaf in jax.tree.leaves(rows, is_leaf=is_rows):
+        c = leaf.num_clients if is_rows(leaf) else leaf.shape[0]
+        if c != num_clients:
             raise ValueError(
-                f"{what} was built for num_clients={leaf.shape[0]} but the data has "
+                f"{what} was built for num_clients={c} but the data has "
                 f"{num_clients} clients; build the algorithm with num_clients=data.num_clients"
             )
 
@@ -874,7 +887,8 @@ def compose(
                 lambda n, o: jnp.where(part.reshape(-1, *([1] * (n.ndim - 1))), n, o), new, old
             )
             changes[name] = jax.tree.map(lambda n, o: jnp.sum(n - o, axis=0), kept, old)
-            rows[name] = jax.tree.map(lambda s, r: s.at[ids].set(r), state.rows[name], kept)
+            rows[name] = scatter_rows(state.rows[name], ids, part, new)
+        streamed = streamed_rows(state.rows)
         max_steps = work.local.max_steps(data.max_count)
         lr = work.lr(t)
 
@@ -888,7 +902,7 @@ def compose(
                 contributed=contributed,
                 mean=hook_means[h.name],
                 outputs=outputs[h.name],
-                rows=rows.get(h.name),
+                rows=None if streamed else rows.get(h.name),
                 row_change=changes.get(h.name),
                 num_clients=data.num_clients,
                 local_steps=max_steps,
@@ -933,7 +947,8 @@ def compose(
             **metrics,
             **cohort_metrics,
         }
-        if jax.tree.leaves(agg_rows):  # RMS over clients of the memory norms ||e_i||
+        if jax.tree.leaves(agg_rows) and not streamed_rows(agg_rows):
+            # RMS over clients of the memory norms ||e_i|| (all C rows: not when streamed)
             metrics["uplink_memory_rms"] = tree_norm(agg_rows) / jnp.sqrt(data.num_clients)
         if report_cohort:
             metrics.update(cohort_ids=ids, cohort_weights=weights, cohort_steps=local_steps)
@@ -948,7 +963,14 @@ def compose(
         )
         return new_state, metrics
 
-    return Algorithm(init, step)
+    def rows(state: FederatedState) -> FederatedState:
+        agg = state.aggregator
+        return row_mask(state, False).replace(
+            rows=row_mask(state.rows, True),
+            aggregator=AggregatorState(row_mask(agg.server, False), row_mask(agg.rows, True)),
+        )
+
+    return Algorithm(init, step, rows)
 
 
 # ------------------------------------------------------------------------------ presets

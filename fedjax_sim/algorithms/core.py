@@ -43,10 +43,21 @@ GradFn = Callable[[ValueAndGrad, Params, Batch, Any], tuple[jax.Array, Params, A
 
 
 class Algorithm(NamedTuple):
-    """A federated algorithm as a pure state transition (the optax pattern)."""
+    """A federated algorithm as a pure state transition (the optax pattern).
+
+    `rows` (optional): maps a state to the same tree with True at its per-client row
+    leaves `[C, ...]` and False elsewhere (built with `row_mask`);
+    `simulate_streamed(state_rows="host")` keeps those leaves on the host and sends the
+    device only the rows a chunk touches."""
 
     init: Callable[[Params, PRNGKey], State]
     step: Callable[[State, FederatedData, PRNGKey], tuple[State, Metrics]]
+    rows: Callable[[State], Any] | None = None
+
+
+def row_mask(tree: Any, per_client: bool) -> Any:
+    """`tree` with every leaf replaced by `per_client` (parts of an `Algorithm.rows` mask)."""
+    return jax.tree.map(lambda _: per_client, tree)
 
 
 def float_dtype() -> jnp.dtype:

@@ -31,7 +31,10 @@ mathematically Algorithm 2 and stays finite where `exp(u/t)` overflows float32 (
 Simulator extensions (not in the paper): any client optimizer (a float is the paper's SGD
 step), server optimizer, aggregator, cohort of M < N uniform clients (averages over the
 cohort; non-participants keep their u), stragglers and client maps of `compose.Options`;
-clients without data never contribute to averages and keep their u.
+clients without data never contribute to averages and keep their u. With the rows streamed
+(`simulate_streamed(state_rows="host")`) the statistics over all N clients' u (objectives,
+active count, top-K mean, u and the client weights) are not reported: only the threshold /
+log v (the training itself is unchanged).
 """
 
 from __future__ import annotations
@@ -166,6 +169,8 @@ def cvar_threshold(
     def finalize(threshold, s: RoundSummary):
         threshold = _averaged(threshold, s, s.mean)
         u = s.rows
+        if u is None:  # streamed rows: no statistics over all clients
+            return threshold, {"threshold": threshold}
         metrics = {
             "threshold": threshold,
             "cvar_objective": cvar_objective(u, threshold, k),
@@ -236,10 +241,10 @@ def kl_weighting(
             new = s.mean
         v = _averaged(v, s, new)
         u = s.rows
-        metrics = {
-            "kl_objective": kl_objective(u, temperature),
-            "log_v": v if log_domain else jnp.log(v),
-        }
+        metrics = {"log_v": v if log_domain else jnp.log(v)}
+        if u is None:  # streamed rows: no statistics over all clients
+            return v, metrics
+        metrics["kl_objective"] = kl_objective(u, temperature)
         if client_metrics:
             metrics.update(u=u, client_weights=kl_weights(u, temperature))
         return v, metrics

@@ -76,4 +76,4 @@ def s_fedavg(
         cohort=clocked_cohort(events, c if cohort_size is None else int(cohort_size)),
         client_map=options.client_map,
     )
-    return Algorithm(lambda params, key: alg.init(project(params, options.box), key), alg.step)
+    return alg._replace(init=lambda params, key: alg.init(project(params, options.box), key))

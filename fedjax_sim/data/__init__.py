@@ -50,6 +50,7 @@ from fedjax_sim.data.store import (
     CohortData,
     Dequantize,
     HostStore,
+    RecordRows,
     write_client_store,
 )
 from fedjax_sim.data.synthetic import (
@@ -66,6 +67,7 @@ __all__ = [
     "Dequantize",
     "FedProxSynthetic",
     "HostStore",
+    "RecordRows",
     "Population",
     "UniformClassification",
     "write_client_store",

@@ -2,8 +2,10 @@
 
 - `HostStore`: a generic host-side pytree of `[C, ...]` arrays (numpy in RAM, or `np.memmap`
   files on disk) with `gather(ids)` / `scatter(ids, rows)` of whole client rows. It holds a
-  population's data here; the same store can hold per-client state rows (control variates,
-  duals, memories) once the algorithm layer gathers and scatters them by cohort ids.
+  population's data, and the per-client state rows of a streamed run with
+  `state_rows="host"` (control variates, duals, memories; `fedjax_sim.streaming`).
+- `RecordRows`: read-only client rows in one array_record file (a record per client),
+  the same `gather(ids)`; `write_client_store(..., file_format="array_record")` writes it.
 - `ClientStore`: a population's training data in a `HostStore` (`x [C, N_max, ...]`,
   `y [C, N_max, ...]`) plus the `[C]` counts (kept in RAM: 4 bytes per client) and an
   on-device `decode` of the gathered features (e.g. uint8 pixels to float32).
@@ -16,7 +18,8 @@
   the cohort (`fedjax_sim.streaming` draws the ids with the algorithm's own sampler).
 
 On-disk layout of a store directory: `store.json` (`{"num_clients", "leaves": {name:
-{"shape", "dtype"}}, "meta": {...}}`) and one raw C-order file `<name>.bin` per leaf.
+{"shape", "dtype"}}, "meta": {...}}`) and one raw C-order file `<name>.bin` per leaf, or
+(`"format": "array_record"` in `store.json`) one `rows.array_record` file.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -36,9 +39,37 @@ from fedjax_sim.data.federated import ClientData, FederatedData
 
 Array = Any
 STORE_META = "store.json"
+RECORDS = "rows.array_record"
 
 
 # ------------------------------------------------------------------------------ host store
+def _check_ids(ids: np.ndarray, num_clients: int) -> np.ndarray:
+    ids = np.asarray(ids)
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"client ids must be integers, got {ids.dtype}")
+    if ids.size and (ids.min() < 0 or ids.max() >= num_clients):
+        raise ValueError(
+            f"client ids must be in [0, {num_clients}), got [{ids.min()}, {ids.max()}]"
+        )
+    return ids.astype(np.int64)
+
+
+def _read_info(path: str) -> dict[str, Any]:
+    meta_file = os.path.join(path, STORE_META)
+    if not os.path.exists(meta_file):
+        raise FileNotFoundError(f"no client store at {path!r} (missing {STORE_META})")
+    with open(meta_file) as f:
+        return json.load(f)
+
+
+def _prefix(path: str, c: int, num_clients: int | None) -> int:
+    if num_clients is None:
+        return c
+    if not 1 <= num_clients <= c:
+        raise ValueError(f"the store at {path!r} has {c} clients, asked for {num_clients}")
+    return num_clients
+
+
 class HostStore:
     """A dict of `[C, ...]` host arrays (numpy or `np.memmap`) indexed by client id.
 
@@ -69,15 +100,16 @@ class HostStore:
     def on_disk(self) -> bool:
         return any(isinstance(a, np.memmap) for a in self.arrays.values())
 
+    @property
+    def names(self) -> list[str]:
+        return list(self.arrays)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """`[C, ...]` shape of array `name`."""
+        return tuple(self.arrays[name].shape)
+
     def _check_ids(self, ids: np.ndarray) -> np.ndarray:
-        ids = np.asarray(ids)
-        if not np.issubdtype(ids.dtype, np.integer):
-            raise ValueError(f"client ids must be integers, got {ids.dtype}")
-        if ids.size and (ids.min() < 0 or ids.max() >= self.num_clients):
-            raise ValueError(
-                f"client ids must be in [0, {self.num_clients}), got [{ids.min()}, {ids.max()}]"
-            )
-        return ids.astype(np.int64)
+        return _check_ids(ids, self.num_clients)
 
     def gather(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         """`{name: a[ids]}` for `ids [K]` (any order; read sorted, returned in `ids` order).
@@ -169,16 +201,8 @@ class HostStore:
     def open(cls, path: str, mode: str = "r", num_clients: int | None = None) -> HostStore:
         """Opens a store written by `create` (memory-mapped, read-only by default); with
         `num_clients`, only its first `num_clients` clients (a smaller population)."""
-        meta_file = os.path.join(path, STORE_META)
-        if not os.path.exists(meta_file):
-            raise FileNotFoundError(f"no client store at {path!r} (missing {STORE_META})")
-        with open(meta_file) as f:
-            info = json.load(f)
-        c = int(info["num_clients"])
-        if num_clients is not None:
-            if not 1 <= num_clients <= c:
-                raise ValueError(f"the store at {path!r} has {c} clients, asked for {num_clients}")
-            c = num_clients
+        info = _read_info(path)
+        c = _prefix(path, int(info["num_clients"]), num_clients)
         arrays = {
             name: np.memmap(
                 os.path.join(path, f"{name}.bin"),
@@ -206,6 +230,57 @@ class HostStore:
                 f.write(r.tobytes())
 
 
+# ------------------------------------------------------------------------------ array_record
+class RecordRows:
+    """Read-only client rows in one array_record file (`rows.array_record` beside
+    `store.json`, whose `"format"` is `"array_record"`): record i holds client i's row of
+    every leaf, raw C-order bytes in leaf order. `gather(ids)` is one
+    `ArrayRecordReader.read(ids)` (array_record's parallel random reads); the same
+    interface as a read-only `HostStore` for a `ClientStore`."""
+
+    def __init__(self, path: str, leaves: dict[str, tuple[tuple[int, ...], Any]], c: int):
+        from array_record.python.array_record_module import ArrayRecordReader
+
+        self.path, self.num_clients = path, c
+        self.leaves = {n: (tuple(shape), np.dtype(dtype)) for n, (shape, dtype) in leaves.items()}
+        self.reader = ArrayRecordReader(os.path.join(path, RECORDS), "readahead_buffer_size:0")
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.leaves)
+
+    @property
+    def row_bytes(self) -> int:
+        return int(sum(d.itemsize * int(np.prod(s)) for s, d in self.leaves.values()))
+
+    on_disk = True
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return (self.num_clients, *self.leaves[name][0])
+
+    def gather(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """`{name: rows [len(ids), ...]}` of clients `ids` (any order, duplicates allowed)."""
+        ids = _check_ids(ids, self.num_clients).reshape(-1)
+        raw = self.reader.read([int(i) for i in ids]) if ids.size else []
+        buf = np.frombuffer(b"".join(raw), np.uint8).reshape(ids.size, self.row_bytes)
+        out, offset = {}, 0
+        for name, (shape, dtype) in self.leaves.items():
+            size = dtype.itemsize * int(np.prod(shape))
+            part = np.ascontiguousarray(buf[:, offset : offset + size])
+            out[name] = part.view(dtype).reshape(ids.size, *shape)
+            offset += size
+        return out
+
+    @classmethod
+    def open(cls, path: str, num_clients: int | None = None) -> RecordRows:
+        info = _read_info(path)
+        c = _prefix(path, int(info["num_clients"]), num_clients)
+        leaves = {n: (leaf["shape"], leaf["dtype"]) for n, leaf in info["leaves"].items()}
+        rows = cls(path, leaves, c)
+        rows.meta = info.get("meta", {})
+        return rows
+
+
 # ------------------------------------------------------------------------------ decoding
 @dataclasses.dataclass(frozen=True)
 class Dequantize:
@@ -229,20 +304,21 @@ class ClientStore:
     """A population's training data outside device memory.
 
     Attributes:
-      rows: a `HostStore` with arrays `x [C, N_max, ...]` and `y [C, N_max, ...]`.
+      rows: a `HostStore` (or read-only `RecordRows`) with arrays `x [C, N_max, ...]` and
+        `y [C, N_max, ...]`.
       counts: `[C]` int32 examples per client (host RAM).
       num_classes: label classes (0 for regression).
       decode: jittable map applied on device to the gathered `x` rows (default identity).
     """
 
-    rows: HostStore
+    rows: HostStore | RecordRows
     counts: np.ndarray
     num_classes: int = 0
     decode: Callable[[jax.Array], jax.Array] = identity
 
     def __post_init__(self):
-        if set(self.rows.arrays) != {"x", "y"}:
-            raise ValueError(f"a ClientStore needs arrays x and y, got {sorted(self.rows.arrays)}")
+        if set(self.rows.names) != {"x", "y"}:
+            raise ValueError(f"a ClientStore needs arrays x and y, got {sorted(self.rows.names)}")
         self.counts = np.asarray(self.counts, np.int32)
         if self.counts.shape != (self.rows.num_clients,):
             raise ValueError(
@@ -258,7 +334,7 @@ class ClientStore:
 
     @property
     def max_count(self) -> int:
-        return int(self.rows.arrays["x"].shape[1])
+        return int(self.rows.shape("x")[1])
 
     @property
     def row_bytes(self) -> int:
@@ -279,9 +355,12 @@ class ClientStore:
         decode: Callable[[jax.Array], jax.Array] | None = None,
         num_clients: int | None = None,
     ) -> ClientStore:
-        """Opens an on-disk store written by `write_client_store` (memory-mapped); with
-        `num_clients`, its first `num_clients` clients."""
-        store = HostStore.open(path, num_clients=num_clients)
+        """Opens an on-disk store written by `write_client_store` (memory-mapped raw files,
+        or array_record); with `num_clients`, its first `num_clients` clients."""
+        if _read_info(path).get("format") == "array_record":
+            store = RecordRows.open(path, num_clients)
+        else:
+            store = HostStore.open(path, num_clients=num_clients)
         counts = np.load(os.path.join(path, "counts.npy"))[: store.num_clients]
         meta = getattr(store, "meta", {})
         if decode is None:
@@ -291,10 +370,10 @@ class ClientStore:
 
     def to_federated(self) -> FederatedData:
         """The whole population on device (decoded), for comparisons with `simulate`."""
-        x = self.decode(jnp.asarray(np.asarray(self.rows.arrays["x"])))
+        rows = self.rows.gather(np.arange(self.num_clients))
         return FederatedData(
-            x=x,
-            y=jnp.asarray(np.asarray(self.rows.arrays["y"])),
+            x=self.decode(jnp.asarray(rows["x"])),
+            y=jnp.asarray(rows["y"]),
             counts=jnp.asarray(self.counts),
             num_classes=self.num_classes,
         )
@@ -314,14 +393,21 @@ def write_client_store(
     dequantize: float | None = None,
     block: int = 4096,
     progress: bool = True,
+    file_format: Literal["raw", "array_record"] = "raw",
 ) -> ClientStore:
     """Writes a population to disk block by block: `fill(ids [K]) -> (x [K, N_max, ...],
-    y [K, N_max, ...], counts [K])`. Peak memory is one block. Returns the opened store."""
+    y [K, N_max, ...], counts [K])`. Peak memory is one block. `file_format`: one raw
+    memory-mapped file per array, or one array_record file with a record per client
+    (`RecordRows`). Returns the opened store."""
+    if file_format not in ("raw", "array_record"):
+        raise ValueError(f'file_format must be "raw" or "array_record", got {file_format!r}')
     meta = {"num_classes": int(num_classes)}
     if dequantize is not None:
         meta["dequantize"] = float(dequantize)
     rows = {"x": ((max_count, *feature_shape), x_dtype), "y": ((max_count, *label_shape), y_dtype)}
-    store = HostStore.create(path, num_clients, rows, meta)
+    store = (HostStore.create if file_format == "raw" else _RecordWriter)(
+        path, num_clients, rows, meta
+    )
     counts = np.zeros(num_clients, np.int32)
     bar = None
     if progress:
@@ -338,8 +424,38 @@ def write_client_store(
     if bar is not None:
         bar.close()
     np.save(os.path.join(path, "counts.npy"), counts)
+    if isinstance(store, _RecordWriter):
+        store.close()
     del store
     return ClientStore.open(path)
+
+
+class _RecordWriter:
+    """Writes `RecordRows` files: `write_rows` must be called with consecutive blocks."""
+
+    def __init__(self, path: str, c: int, rows: dict[str, tuple[tuple[int, ...], Any]], meta):
+        from array_record.python.array_record_module import ArrayRecordWriter
+
+        os.makedirs(path, exist_ok=True)
+        self.names = list(rows)
+        self.writer = ArrayRecordWriter(os.path.join(path, RECORDS), "group_size:1")
+        self.next = 0
+        leaves = {n: {"shape": list(s), "dtype": np.dtype(d).str} for n, (s, d) in rows.items()}
+        self.dtypes = {n: np.dtype(d) for n, (_, d) in rows.items()}
+        info = {"num_clients": c, "format": "array_record", "leaves": leaves, "meta": meta}
+        with open(os.path.join(path, STORE_META), "w") as f:
+            json.dump(info, f)
+
+    def write_rows(self, start: int, rows: dict[str, np.ndarray]) -> None:
+        if start != self.next:
+            raise ValueError(f"array_record rows are written in order: expected {self.next}")
+        arrays = [np.ascontiguousarray(np.asarray(rows[n], self.dtypes[n])) for n in self.names]
+        for i in range(arrays[0].shape[0]):
+            self.writer.write(b"".join(a[i].tobytes() for a in arrays))
+        self.next += arrays[0].shape[0]
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 # ------------------------------------------------------------------------------ cohort view
@@ -387,20 +503,25 @@ class CohortData(FederatedData):
 
 @struct.dataclass
 class CohortRows:
-    """Per-client state rows of one round's cohort, addressed by real client ids: the
-    streamed counterpart of a `[C, ...]` state leaf (control variates, duals, memories).
+    """Per-client state rows of some clients, addressed by real client ids: the streamed
+    stand-in for a `[C, ...]` state leaf (control variates, duals, memories, read models).
 
-    `rows` is a pytree of `[M, ...]` arrays for the clients `slot_ids [M]` (sorted, as in
-    `CohortData`), gathered from a `HostStore` before the round and scattered back after
-    it. An algorithm that reads its per-client state with `gather(ids)` and writes it with
-    `scatter(ids, mask, values)` runs unchanged on `[C, ...]` arrays (`CohortRows` with
-    `slot_ids = arange(C)`) and on streamed rows.
+    `rows` is a pytree of `[U, ...]` arrays for the clients `slot_ids [U]` (int32, sorted,
+    distinct), gathered from a `HostStore` before a chunk of rounds and scattered back after
+    it. `num_clients` C (static; None: unknown) clamps padding ids C to C - 1, as
+    `events.take_rows` does on a `[C, ...]` array. The row functions of the algorithm layer
+    (`compose.gather_rows` / `scatter_rows`, `events.take_rows` / `set_rows`) dispatch on it,
+    so an algorithm runs unchanged on `[C, ...]` arrays and on streamed rows; every id it
+    reads must be in `slot_ids` (the streamed driver gathers the union of a chunk's cohorts).
     """
 
     rows: Any
     slot_ids: Array
+    num_clients: int | None = struct.field(pytree_node=False, default=None)
 
     def _slots(self, ids: Array) -> Array:
+        if self.num_clients is not None:
+            ids = jnp.minimum(ids, self.num_clients - 1)
         m = self.slot_ids.shape[0]
         return jnp.minimum(jnp.searchsorted(self.slot_ids, ids), m - 1).astype(jnp.int32)
 
@@ -410,14 +531,21 @@ class CohortRows:
         return jax.tree.map(lambda r: r[s], self.rows)
 
     def scatter(self, ids: Array, mask: Array, values: Any) -> CohortRows:
-        """Rows of clients `ids [K]` replaced by `values [K, ...]` where `mask [K]`."""
+        """Rows of clients `ids [K]` replaced by `values [K, ...]` where `mask [K]` (other
+        ids, e.g. padding slots that share a clamped slot, write nothing)."""
         s = self._slots(ids)
 
         def write(r, v):
             keep = mask.reshape(-1, *([1] * (v.ndim - 1)))
-            return r.at[s].set(jnp.where(keep, v, r[s]))
+            v = jnp.where(keep, v.astype(r.dtype), r[s])
+            return r.at[jnp.where(mask, s, r.shape[0])].set(v, mode="drop")
 
         return self.replace(rows=jax.tree.map(write, self.rows, values))
+
+
+def is_rows(x: Any) -> bool:
+    """Whether `x` is a `CohortRows` (the `is_leaf` of tree maps over per-client state)."""
+    return isinstance(x, CohortRows)
 
 
 __all__ = [
@@ -426,6 +554,8 @@ __all__ = [
     "CohortRows",
     "Dequantize",
     "HostStore",
+    "RecordRows",
     "identity",
+    "is_rows",
     "write_client_store",
 ]
