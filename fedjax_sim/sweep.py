@@ -135,7 +135,16 @@ def map_runs(fn: Callable[..., Any], xs: Any, group: int) -> Any:
     with batched_runs():
         if group >= num:
             return jax.vmap(fn)(*xs)
-        return lax.map(lambda a: fn(*a), xs, batch_size=group)
+        # `lax.map(batch_size=group)`, with explicit shapes: its `reshape(-1, ...)` of the
+        # outputs fails on zero-size leaves (e.g. an asynchronous state's empty buffers)
+        groups, full = num // group, num // group * group
+        head = jax.tree.map(lambda a: a[:full].reshape(groups, group, *a.shape[1:]), xs)
+        out = lax.map(lambda a: jax.vmap(fn)(*a), head)
+        out = jax.tree.map(lambda a: a.reshape(full, *a.shape[2:]), out)
+        if full == num:
+            return out
+        rest = jax.vmap(fn)(*jax.tree.map(lambda a: a[full:], xs))
+        return jax.tree.map(lambda a, b: jnp.concatenate([a, b]), out, rest)
 
 
 def runs_mesh(num_devices: int | None = None) -> Mesh:

@@ -117,6 +117,24 @@ def test_chunked_sweep_equals_unchunked(setup):
             _same(h1, h2, **VMAP_TOL)
 
 
+def test_run_groups_of_an_asynchronous_state_with_zero_size_leaves(setup):
+    """AREA with categorical arrivals keeps a zero-size `[R, 0]` leaf: groups of 2 runs
+    and a last group of 1 (`map_runs` groups them itself; `lax.map(batch_size=...)` failed
+    on such leaves) equal the one-vmap sweep."""
+    from fedjax_sim.algorithms.area import area
+    from fedjax_sim.events import Aggregation, Arrivals, Events
+
+    ds, model = setup
+    events = Events(Arrivals.categorical(np.full(12, 1 / 12)), Aggregation.every(3))
+    alg = area(model.loss, events=events, client_optimizer=0.1, local=L)
+    kw = dict(seeds=3, model=model, num_rounds=4, evaluation=EvalSpec(every=4, clients=False))
+    whole = sweep(lambda hp: alg, ds.train, progress=False, runs_per_group=3, **kw)
+    grouped = sweep(lambda hp: alg, ds.train, progress=False, runs_per_group=2, **kw)
+    assert any(0 in leaf.shape for leaf in jax.tree.leaves(grouped.states))
+    for h1, h2 in zip(whole.histories, grouped.histories, strict=True):
+        _same(h1, h2, **VMAP_TOL)
+
+
 def _make_fedavg(model):
     def make(hp):
         return fedavg(
