@@ -226,11 +226,17 @@ def report(done: dict, out: str) -> None:
             cells = []
             for attack in ATTACKS:
                 c = by.get((agg, attack, 0.0 if attack == "none" else frac))
-                cells.append("" if c is None else f"{c['mean']:.3f} ± {c['std']:.3f}")
+                cells.append("" if c is None else _cell(c))
             lines.append(f"| {agg} | " + " | ".join(cells) + " |")
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write("\n".join(lines).lstrip() + "\n")
     heatmap(aggs, by, os.path.join(out, "robustness.png"), done)
+
+
+def _cell(c: dict) -> str:
+    if c["nonfinite_runs"]:  # the accuracy of a NaN model is meaningless
+        return f"diverged (NaN in {c['nonfinite_runs']}/{c['n']} runs)"
+    return f"{c['mean']:.3f} ± {c['std']:.3f}"
 
 
 def heatmap(aggs, by, path, done):
@@ -242,16 +248,20 @@ def heatmap(aggs, by, path, done):
     fig, axes = plt.subplots(
         1, len(FRACTIONS), figsize=(15, 0.6 * len(aggs) + 2.4), sharey=True, layout="constrained"
     )
-    values = [c["mean"] for c in by.values()]
-    vmin, vmax = np.floor(min(values) * 20) / 20, np.ceil(max(values) * 20) / 20
+    values = [c["mean"] for c in by.values() if not c["nonfinite_runs"]]
+    # colour range over the informative cells (collapsed runs, < 0.5, get the bottom colour)
+    vmin = np.floor(min([v for v in values if v >= 0.5] or [0.0]) * 20) / 20
+    vmax = np.ceil(max(values) * 20) / 20
     for k, (ax, frac) in enumerate(zip(axes, FRACTIONS, strict=True)):
         m = np.full((len(aggs), len(ATTACKS)), np.nan)
         s = np.full_like(m, np.nan)
         for i, agg in enumerate(aggs):
             for j, attack in enumerate(ATTACKS):
                 c = by.get((agg, attack, 0.0 if attack == "none" else frac))
-                if c is not None:
+                if c is not None and not c["nonfinite_runs"]:
                     m[i, j], s[i, j] = c["mean"], c["std"]
+                elif c is not None:
+                    ax.text(j, i, "NaN\n(diverged)", ha="center", va="center", fontsize=7)
         im = ax.imshow(m, vmin=vmin, vmax=vmax, cmap="RdYlGn", aspect="auto")
         for i in range(m.shape[0]):
             for j in range(m.shape[1]):
