@@ -261,7 +261,7 @@ def write_table(summaries, path):
     for s in summaries:
         z = "-" if s["noise_multiplier"] is None else f"{s['noise_multiplier']:.3f}"
         lines.append(
-            f"| {s['clipping']} | {s['target_epsilon']:g} | {s['reached_epsilon']:.7g} | {z} | "
+            f"| {s['clipping']} | {s['target_epsilon']:g} | {s['reached_epsilon']:.8g} | {z} | "
             f"{s['mean']:.4f} ± {s['std']:.4f} | ±{s['ci95']:.4f} | {s['seconds']:.0f} |"
         )
     with open(path, "w") as f:
