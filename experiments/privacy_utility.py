@@ -23,6 +23,11 @@ examples at 1000 clients of 1-2 examples; here the held-out 20 % is drawn centra
 
     PYTHONPATH=$PWD nice -n 10 python experiments/privacy_utility.py
 
+Supplement (`--supplement-clips 0.2`, the default): fixed clipping at C = 0.2, a value read
+off the adaptive runs' final clip norms, i.e. tuned after the fact (it would cost privacy in
+practice); it tells whether adaptive clipping's gain is more than picking a smaller C.
+Configurations already in runs.json are not run again (delete it to start over).
+
 Writes experiments/results/privacy_utility/{runs.json,runs.csv,summary.csv,summary.md,
 privacy_utility.png} and one folder per configuration with the sweep's own outputs.
 """
@@ -93,14 +98,17 @@ def configs(args) -> list[tuple[str, str, float, dict]]:
         progress=False,
     )
     out = [("nonprivate", "none", math.inf, dict(common, weighting="uniform"))]
-    for clipping in ("fixed", "adaptive"):
+    groups = [("fixed", args.clip), ("adaptive", args.clip)]
+    groups += [(f"fixed C={c:g}", c) for c in args.supplement_clips]
+    for clipping, clip in groups:
         for eps in EPSILONS:
-            dp = dict(common, dp_clip=args.clip, dp_delta=args.delta)
+            dp = dict(common, dp_clip=clip, dp_delta=args.delta)
             if math.isfinite(eps):
                 dp["target_epsilon"] = eps
             if clipping == "adaptive":
                 dp["dp_quantile"] = args.quantile
-            out.append((f"{clipping}_eps{eps:g}", clipping, eps, dp))
+            prefix = clipping if clipping in ("fixed", "adaptive") else f"fixedC{clip:g}"
+            out.append((f"{prefix}_eps{eps:g}", clipping, eps, dp))
     return out
 
 
@@ -118,7 +126,7 @@ def main():
     p.add_argument("--out", default="experiments/results/privacy_utility")
     p.add_argument("--clients", type=int, default=1000)
     p.add_argument("--q", type=float, default=0.1)
-    p.add_argument("--rounds", type=int, default=100)
+    p.add_argument("--rounds", type=int, default=200)
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--local-steps", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=4)
@@ -129,6 +137,13 @@ def main():
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--client-map", default="map", help="auto | vmap | map")
     p.add_argument("--map-batch-size", type=int, default=100)
+    p.add_argument(
+        "--supplement-clips",
+        type=float,
+        nargs="*",
+        default=[0.2],
+        help="extra fixed clip norms (a supplement: C picked after the fact, see README)",
+    )
     p.add_argument("--only", default=None, help="comma-separated labels (a quick check)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -140,7 +155,12 @@ def main():
     model = models.build("mlp", ds.feature_shape, ds.num_classes, hidden=(64,), l2=0.0)
     factory = ALGORITHM_FACTORIES()["fedavg"]
     rows, summaries = [], []
-    todo = configs(args)
+    raw_path = os.path.join(args.out, "runs.json")
+    if os.path.exists(raw_path):  # configurations already run are kept, not run again
+        old = json.load(open(raw_path))
+        rows, summaries = old["runs"], old["summary"]
+    have = {s["config"] for s in summaries}
+    todo = [c for c in configs(args) if c[0] not in have]
     if args.only:
         keep = set(args.only.split(","))
         todo = [c for c in todo if c[0] in keep]
@@ -215,7 +235,8 @@ def main():
         )
     total = time.perf_counter() - t_all
     meta = {"args": vars(args), "data": summary, "test_examples": int(len(ds.test.y))}
-    meta["seconds_total"] = total
+    meta["seconds_this_invocation"] = total
+    meta["seconds_total_configs"] = sum(s["seconds"] for s in summaries)
     with open(os.path.join(args.out, "runs.json"), "w") as f:
         json.dump({"meta": meta, "runs": rows, "summary": summaries}, f, indent=1)
     cols = [k for k in rows[0] if k != "curve"]
@@ -240,7 +261,7 @@ def write_table(summaries, path):
     for s in summaries:
         z = "-" if s["noise_multiplier"] is None else f"{s['noise_multiplier']:.3f}"
         lines.append(
-            f"| {s['clipping']} | {s['target_epsilon']:g} | {s['reached_epsilon']:.7g} | {z} | "
+            f"| {s['clipping']} | {s['target_epsilon']:g} | {s['reached_epsilon']:.8g} | {z} | "
             f"{s['mean']:.4f} ± {s['std']:.4f} | ±{s['ci95']:.4f} | {s['seconds']:.0f} |"
         )
     with open(path, "w") as f:
@@ -256,19 +277,23 @@ def plot(summaries, path, args):
     finite = [e for e in EPSILONS if math.isfinite(e)]
     inf_x = 2 * max(finite)  # where epsilon = inf is drawn on the log axis
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for clipping, marker, dx in (("fixed", "o", 0.97), ("adaptive", "s", 1.03)):
+    groups = list(dict.fromkeys(s["clipping"] for s in summaries if s["clipping"] != "none"))
+    styles = ["o-", "s-", "^:", "v:", "d:"]
+    for k, clipping in enumerate(groups):
         pts = [s for s in summaries if s["clipping"] == clipping]
-        if not pts:
-            continue
+        dx = 1 + 0.03 * (k - (len(groups) - 1) / 2)
         x = [min(s["target_epsilon"], inf_x) * dx for s in pts]
-        label = f"{clipping} clipping" + (
-            f" (C={args.clip:g})" if clipping == "fixed" else f" (quantile {args.quantile:g})"
-        )
+        if clipping == "fixed":
+            label = f"fixed clipping (C={args.clip:g})"
+        elif clipping == "adaptive":
+            label = f"adaptive clipping (quantile {args.quantile:g}, C_0={args.clip:g})"
+        else:
+            label = f"{clipping}, picked after the fact (supplement)"
         ax.errorbar(
             x,
             [s["mean"] for s in pts],
             yerr=[s["ci95"] for s in pts],
-            marker=marker,
+            fmt=styles[k % len(styles)],
             capsize=3,
             label=label,
         )
