@@ -140,16 +140,21 @@ def run_all(methods, seeds, *, data, test, model, rounds, every, extra, hp, out_
     return rows
 
 
-def table(rows, methods) -> str:
-    """Markdown table: mean (std) over seeds of the final worst and average metric."""
-    lines = ["| method | worst | average |", "|---|---|---|"]
+def table(rows, methods, worst_loss: str | None = None) -> str:
+    """Markdown table: mean (std) over seeds of the final worst and average metric, and of
+    `final[worst_loss]` (the worst-group loss) when given."""
+    head = "| method | worst | average |" + (" worst loss |" if worst_loss else "")
+    lines = [head, "|---|---|---|" + ("---|" if worst_loss else "")]
     for name in methods:
-        w = np.array([r["worst"] for r in rows if r["method"] == name])
-        m = np.array([r["mean"] for r in rows if r["method"] == name])
+        sel = [r for r in rows if r["method"] == name]
+        w = np.array([r["worst"] for r in sel])
+        m = np.array([r["mean"] for r in sel])
         if w.size:
-            lines.append(
-                f"| {name} | {w.mean():.4f} ({w.std():.4f}) | {m.mean():.4f} ({m.std():.4f}) |"
-            )
+            line = f"| {name} | {w.mean():.4f} ({w.std():.4f}) | {m.mean():.4f} ({m.std():.4f}) |"
+            if worst_loss:
+                v = np.array([r["final"][worst_loss] for r in sel])
+                line += f" {v.mean():.4f} ({v.std():.4f}) |"
+            lines.append(line)
     return "\n".join(lines)
 
 
