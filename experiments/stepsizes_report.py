@@ -139,7 +139,7 @@ def plot_seeds(sweeps: dict[str, dict], path: str) -> None:
             v = np.array([r["test_accuracy"] for r in c["runs"]])  # [S, T]
             stats = np.array([mean_ci(v[:, t]) for t in range(v.shape[1])])
             mean, half = stats[:, 0], np.nan_to_num(stats[:, 1])
-            (line,) = ax.plot(rounds, mean, marker=".", label=f"{name} ({len(v)} seeds)")
+            (line,) = ax.plot(rounds, mean, marker=".", label=f"{alg} [{name}], n={len(v)}")
             ax.fill_between(rounds, mean - half, mean + half, color=line.get_color(), alpha=0.2)
             ax.set_title(f"{part}: test accuracy, mean and 95% CI", fontsize=9)
             ax.set_xlabel("round")
