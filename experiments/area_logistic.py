@@ -184,7 +184,17 @@ def main() -> None:
         choices=["uniform", "non-uniform"], help="clock settings to run",
     )  # fmt: skip
     ap.add_argument("--tag", default="", help="suffix of the output file names")
+    ap.add_argument(
+        "--method-grid", nargs="*", default=[], metavar="METHOD=a,b,c",
+        help="per-method step-size grid (replaces --grid for that method)",
+    )  # fmt: skip
     args = ap.parse_args()
+    grids = {m: list(args.grid) for m in METHODS}
+    for item in args.method_grid:
+        name, values = item.split("=")
+        if name not in grids:
+            raise SystemExit(f"--method-grid: unknown method {name!r}, one of {METHODS}")
+        grids[name] = [float(v) for v in values.split(",")]
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     data, pooled, test = load(args.train, args.clients, seed=0)
@@ -201,8 +211,8 @@ def main() -> None:
     }
     settings = {k: v for k, v in settings.items() if k in args.settings}
     tag = f"K{args.local_steps}{args.tag}"
-    raw = {"grid": args.grid, "seeds": seeds.tolist(), "runs": {}}
-    summary = {"f_star": f_star, "f_0": f_0, "grid": args.grid, "args": vars(args), "runs": {}}
+    raw = {"grid": grids, "seeds": seeds.tolist(), "runs": {}}
+    summary = {"f_star": f_star, "f_0": f_0, "grid": grids, "args": vars(args), "runs": {}}
     curves = {}
     for setting, rates in settings.items():
         async_steps = int(args.horizon * rates.sum())
@@ -210,7 +220,7 @@ def main() -> None:
         for m in METHODS:
             steps = max(sync_steps if m == "S-FedAvg" else async_steps, args.evals)
             (loss, acc, t), res = simulate_method(
-                m, model, rates, args.grid, seeds, data, pooled, test, local, steps, args.evals
+                m, model, rates, grids[m], seeds, data, pooled, test, local, steps, args.evals
             )
             err = (loss - f_star) / (f_0 - f_star)  # [A, S, E]
             with np.errstate(invalid="ignore", divide="ignore"):
@@ -226,9 +236,9 @@ def main() -> None:
                 "time": t.tolist(),
                 "sweep_seconds": res.meta["seconds"],
             }
-            curves[(setting, m)] = (t[a], err[a], acc[a], args.grid[a])
+            curves[(setting, m)] = (t[a], err[a], acc[a], grids[m][a])
             summary["runs"][f"{setting}/{m}"] = {
-                "best_alpha": args.grid[a],
+                "best_alpha": grids[m][a],
                 "score_per_alpha": [float(s) for s in score],
                 "final_normalised_loss": float(np.median(err[a][:, -1])),
                 "final_test_accuracy": float(np.mean(acc[a][:, -1])),
@@ -236,14 +246,14 @@ def main() -> None:
                 "time_reached": float(t[a][:, -1].min()),
                 "at_time": at_times(t[a], err[a], acc[a], args.horizon),
                 "n_seeds": int(len(seeds)),
-                "best_alpha_by_final_loss": args.grid[a_final],
+                "best_alpha_by_final_loss": grids[m][a_final],
                 "median_final_loss_per_alpha": [float(v) for v in np.median(final, 1)],
                 "at_time_final_loss_rule": at_times(
                     t[a_final], err[a_final], acc[a_final], args.horizon
                 ),
             }
             print(
-                f"{setting:11s} {m:9s} alpha={args.grid[a]:g} "
+                f"{setting:11s} {m:9s} alpha={grids[m][a]:g} "
                 f"loss={summary['runs'][f'{setting}/{m}']['final_normalised_loss']:.4f} "
                 f"acc={summary['runs'][f'{setting}/{m}']['final_test_accuracy']:.4f} "
                 f"({time.time() - t0:.0f}s)",
