@@ -131,6 +131,7 @@ def seeds_table(sweeps: dict[str, dict]) -> str:
 
 def plot_seeds(sweeps: dict[str, dict], path: str) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), squeeze=False)
+    colors = {name: f"C{i}" for i, name in enumerate(sweeps)}  # one colour per run everywhere
     for name, res in sweeps.items():
         for key, c in res["cells"].items():
             alg, part = key.split("|")
@@ -139,11 +140,13 @@ def plot_seeds(sweeps: dict[str, dict], path: str) -> None:
             v = np.array([r["test_accuracy"] for r in c["runs"]])  # [S, T]
             stats = np.array([mean_ci(v[:, t]) for t in range(v.shape[1])])
             mean, half = stats[:, 0], np.nan_to_num(stats[:, 1])
-            (line,) = ax.plot(rounds, mean, marker=".", label=f"{alg} [{name}], n={len(v)}")
-            ax.fill_between(rounds, mean - half, mean + half, color=line.get_color(), alpha=0.2)
+            label = f"{alg} [{name}], n={len(v)}"
+            ax.plot(rounds, mean, marker=".", color=colors[name], label=label)
+            ax.fill_between(rounds, mean - half, mean + half, color=colors[name], alpha=0.2)
             ax.set_title(f"{part}: test accuracy, mean and 95% CI", fontsize=9)
             ax.set_xlabel("round")
-    axes[0, 0].legend(fontsize=7)
+    for ax in axes[0]:
+        ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
 
