@@ -127,6 +127,9 @@ def simulate_method(method, model, rates, alphas, seeds, data, pooled, test, loc
         make, data, seeds=[int(s) for s in seeds], grid={"alpha": list(alphas)}, model=model,
         num_rounds=every * evals, params=params0, progress=False,
         evaluation=EvalSpec(every=every, central=False, clients=False, extra=extra),
+        # all runs in one vmap, as the former driver did: the planned groups would go through
+        # lax.map(batch_size=...), which fails on the zero-size leaves of these states
+        runs_per_group=len(alphas) * len(seeds),
     )  # fmt: skip
     shape = (len(alphas), len(seeds), evals)
     loss, acc, t = (np.empty(shape) for _ in range(3))
