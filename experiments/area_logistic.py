@@ -187,6 +187,7 @@ def main() -> None:
         choices=["uniform", "non-uniform"], help="clock settings to run",
     )  # fmt: skip
     ap.add_argument("--tag", default="", help="suffix of the output file names")
+    ap.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSONs")
     ap.add_argument(
         "--method-grid", nargs="*", default=[], metavar="METHOD=a,b,c",
         help="per-method step-size grid (replaces --grid for that method)",
@@ -198,6 +199,8 @@ def main() -> None:
         if name not in grids:
             raise SystemExit(f"--method-grid: unknown method {name!r}, one of {METHODS}")
         grids[name] = [float(v) for v in values.split(",")]
+    if args.replot:
+        return replot(args)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     data, pooled, test = load(args.train, args.clients, seed=0)
@@ -270,6 +273,23 @@ def main() -> None:
     plot(curves, args, os.path.join(args.out, f"logistic_{tag}.png"))
 
 
+def replot(args) -> None:
+    """The PNG of an earlier run, from its `logistic_<tag>.json` and `_runs.json`."""
+    tag = f"K{args.local_steps}{args.tag}"
+    with open(os.path.join(args.out, f"logistic_{tag}.json")) as fh:
+        summary = json.load(fh)
+    with open(os.path.join(args.out, f"logistic_{tag}_runs.json")) as fh:
+        raw = json.load(fh)
+    curves = {}
+    for key, run in raw["runs"].items():
+        setting, m = key.split("/")
+        alpha = summary["runs"][key]["best_alpha"]
+        a = raw["grid"][m].index(alpha)
+        t, err, acc = (np.asarray(run[k])[a] for k in ("time", "normalised_loss", "test_accuracy"))
+        curves[(setting, m)] = (t, err, acc, alpha)
+    plot(curves, args, os.path.join(args.out, f"logistic_{tag}.png"))
+
+
 def plot(curves, args, path):
     """Mean over seeds with the 95% CI band (Student t; for the loss: of log10) when there are
     >= 3 seeds, else the min-max band."""
@@ -286,14 +306,21 @@ def plot(curves, args, path):
         for m in METHODS:
             t, err, acc, alpha = curves[(setting, m)]
             for col, values in enumerate((err, acc)):
+                # before a run's first evaluation its model is x_s0 = 0: normalised loss 1
+                left = 1.0 if col == 0 else np.nan
                 v = np.array(
-                    [np.interp(grid, ti, vi, left=np.nan) for ti, vi in zip(t, values, strict=True)]
+                    [np.interp(grid, ti, vi, left=left) for ti, vi in zip(t, values, strict=True)]
                 )
                 ax = axes[row, col]
                 if col == 0:
                     v = np.log10(np.maximum(v, 1e-300))
-                if args.seeds >= 3:
-                    st = np.array([mean_ci(v[:, j]) for j in range(v.shape[1])])
+                if args.seeds >= 3:  # accuracy: over the runs evaluated by then
+                    st = np.array(
+                        [
+                            mean_ci(c[np.isfinite(c)]) if np.isfinite(c).any() else (np.nan,) * 3
+                            for c in v.T
+                        ]
+                    )
                     mid, lo, hi = st[:, 0], st[:, 0] - st[:, 1], st[:, 0] + st[:, 1]
                 else:
                     mid, lo, hi = v.mean(0), v.min(0), v.max(0)
