@@ -49,6 +49,8 @@ from fedjax_sim.data.builtin import read_fashion_mnist
 from fedjax_sim.data.partition import partition
 from fedjax_sim.events import Aggregation, Arrivals, Events, normal_rates
 from fedjax_sim.models import logistic_regression
+from fedjax_sim.simulate import EvalSpec
+from fedjax_sim.sweep import mean_ci, sweep
 
 METHODS = ("AREA", "S-FedAvg", "AS-FedAvg", "FedBuff", "MIFA")
 NU = 1e-3
@@ -104,7 +106,9 @@ def build(method, model, events, alpha, local, scale):
 
 
 def simulate_method(method, model, rates, alphas, seeds, data, pooled, test, local, steps, evals):
-    """Normalised-loss inputs: f(x_s), test accuracy and time at `evals` points, `[A, S, E]`."""
+    """Normalised-loss inputs: f(x_s), test accuracy and time at `evals` points, `[A, S, E]`,
+    and the `SweepResult`. One `fedjax_sim.sweep.sweep` over alpha x seeds (one compiled
+    program; one round of the sweep = one event of the continuous-time model)."""
     events = Events(Arrivals.categorical(rates), Aggregation.every(4))
     scale = sample_size_scale(np.asarray(data.counts))
     f = objective_fn(model, *pooled)
@@ -112,21 +116,30 @@ def simulate_method(method, model, rates, alphas, seeds, data, pooled, test, loc
     params0 = jax.tree.map(jnp.zeros_like, model.init(jax.random.key(0)))
     every = -(-steps // evals)  # evals * every >= steps
 
-    def one(alpha, seed):
-        key = jax.random.key(seed)
-        alg = build(method, model, events, alpha, local, scale)
-        state = alg.init(params0, key)
+    def make(hp):
+        return build(method, model, events, hp["alpha"], local, scale)
 
-        def chunk(s, _):
-            s, m = jax.lax.scan(lambda s, _: alg.step(s, data, key), s, None, length=every)
-            acc = jnp.mean(jnp.argmax(model.apply(s.params, xt), -1) == yt)
-            return s, (f(s.params), acc, m["t"][-1])
+    def extra(params, data, test):
+        acc = jnp.mean(jnp.argmax(model.apply(params, xt), -1) == yt)
+        return {"objective": f(params), "test_accuracy": acc}
 
-        _, out = jax.lax.scan(chunk, state, None, length=evals)
-        return out
-
-    run = jax.jit(jax.vmap(jax.vmap(one, (None, 0)), (0, None)))
-    return jax.device_get(run(jnp.asarray(alphas), jnp.asarray(seeds)))
+    res = sweep(
+        make, data, seeds=[int(s) for s in seeds], grid={"alpha": list(alphas)}, model=model,
+        num_rounds=every * evals, params=params0, progress=False,
+        evaluation=EvalSpec(every=every, central=False, clients=False, extra=extra),
+        # all runs in one vmap, as the former driver did: the planned groups would go through
+        # lax.map(batch_size=...), which fails on the zero-size leaves of these states
+        runs_per_group=len(alphas) * len(seeds),
+    )  # fmt: skip
+    shape = (len(alphas), len(seeds), evals)
+    loss, acc, t = (np.empty(shape) for _ in range(3))
+    for r, h in zip(res.runs, res.histories, strict=True):
+        rows = [e for e in h.evals if e["round"] > 0]  # after each chunk, as in the paper's plots
+        a, s_ = divmod(r.index, len(seeds))
+        loss[a, s_] = [e["objective"] for e in rows]
+        acc[a, s_] = [e["test_accuracy"] for e in rows]
+        t[a, s_] = np.asarray(h.metrics["t"])[[e["round"] - 1 for e in rows]]
+    return (loss, acc, t), res
 
 
 def expected_max_time(rates, size):
@@ -145,9 +158,16 @@ def at_times(t, err, acc, horizon):
         idx = [max(int(np.searchsorted(ts, time_ * (1 + 1e-9), side="right")) - 1, 0) for ts in t]
         e = [float(ei[i]) for ei, i in zip(err, idx, strict=True)]
         a = [float(ai[i]) for ai, i in zip(acc, idx, strict=True)]
+        lm, lh, ls = mean_ci(np.log10(np.maximum(e, 1e-300)))
+        am, ah, as_ = mean_ci(np.asarray(a))
         out[f"{time_:g}"] = {
             "normalised_loss": float(np.median(e)),
             "test_accuracy": float(np.mean(a)),
+            "n": len(e),
+            "normalised_loss_per_seed": e,
+            "test_accuracy_per_seed": a,
+            "log10_loss_mean_std_ci95half": [lm, ls, lh],
+            "test_accuracy_mean_std_ci95half": [am, as_, ah],
         }
     return out
 
@@ -162,7 +182,25 @@ def main() -> None:
     ap.add_argument("--horizon", type=float, default=10.0, help="simulated time")
     ap.add_argument("--evals", type=int, default=40)
     ap.add_argument("--out", default="experiments/results/area")
+    ap.add_argument(
+        "--settings", nargs="+", default=["uniform", "non-uniform"],
+        choices=["uniform", "non-uniform"], help="clock settings to run",
+    )  # fmt: skip
+    ap.add_argument("--tag", default="", help="suffix of the output file names")
+    ap.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSONs")
+    ap.add_argument(
+        "--method-grid", nargs="*", default=[], metavar="METHOD=a,b,c",
+        help="per-method step-size grid (replaces --grid for that method)",
+    )  # fmt: skip
     args = ap.parse_args()
+    grids = {m: list(args.grid) for m in METHODS}
+    for item in args.method_grid:
+        name, values = item.split("=")
+        if name not in grids:
+            raise SystemExit(f"--method-grid: unknown method {name!r}, one of {METHODS}")
+        grids[name] = [float(v) for v in values.split(",")]
+    if args.replot:
+        return replot(args)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     data, pooled, test = load(args.train, args.clients, seed=0)
@@ -177,34 +215,51 @@ def main() -> None:
         "uniform": np.full(args.clients, 10.0),
         "non-uniform": normal_rates(args.clients, 10.0, 5.0, minimum=0.1, seed=1),
     }
-    tag = f"K{args.local_steps}"
-    summary = {"f_star": f_star, "f_0": f_0, "grid": args.grid, "args": vars(args), "runs": {}}
+    settings = {k: v for k, v in settings.items() if k in args.settings}
+    tag = f"K{args.local_steps}{args.tag}"
+    raw = {"grid": grids, "seeds": seeds.tolist(), "runs": {}}
+    summary = {"f_star": f_star, "f_0": f_0, "grid": grids, "args": vars(args), "runs": {}}
     curves = {}
     for setting, rates in settings.items():
         async_steps = int(args.horizon * rates.sum())
         sync_steps = int(1.2 * args.horizon / expected_max_time(rates, 4))
         for m in METHODS:
             steps = max(sync_steps if m == "S-FedAvg" else async_steps, args.evals)
-            loss, acc, t = simulate_method(
-                m, model, rates, args.grid, seeds, data, pooled, test, local, steps, args.evals
+            (loss, acc, t), res = simulate_method(
+                m, model, rates, grids[m], seeds, data, pooled, test, local, steps, args.evals
             )
             err = (loss - f_star) / (f_0 - f_star)  # [A, S, E]
             with np.errstate(invalid="ignore", divide="ignore"):
                 logs = np.log10(np.where(np.isfinite(err) & (err > 0), err, np.inf))
             score = np.where(np.isfinite(logs).all(2), logs.mean(2), np.inf).mean(1)
             a = int(np.argmin(score))
-            curves[(setting, m)] = (t[a], err[a], acc[a], args.grid[a])
+            # alternative reading of "fastest converging": the smallest median final loss
+            final = np.where(np.isfinite(err[:, :, -1]), err[:, :, -1], np.inf)
+            a_final = int(np.argmin(np.median(final, 1)))
+            raw["runs"][f"{setting}/{m}"] = {
+                "normalised_loss": err.tolist(),  # [alpha, seed, eval]
+                "test_accuracy": acc.tolist(),
+                "time": t.tolist(),
+                "sweep_seconds": res.meta["seconds"],
+            }
+            curves[(setting, m)] = (t[a], err[a], acc[a], grids[m][a])
             summary["runs"][f"{setting}/{m}"] = {
-                "best_alpha": args.grid[a],
+                "best_alpha": grids[m][a],
                 "score_per_alpha": [float(s) for s in score],
                 "final_normalised_loss": float(np.median(err[a][:, -1])),
                 "final_test_accuracy": float(np.mean(acc[a][:, -1])),
                 "best_test_accuracy": float(np.mean(acc[a].max(1))),
                 "time_reached": float(t[a][:, -1].min()),
                 "at_time": at_times(t[a], err[a], acc[a], args.horizon),
+                "n_seeds": int(len(seeds)),
+                "best_alpha_by_final_loss": grids[m][a_final],
+                "median_final_loss_per_alpha": [float(v) for v in np.median(final, 1)],
+                "at_time_final_loss_rule": at_times(
+                    t[a_final], err[a_final], acc[a_final], args.horizon
+                ),
             }
             print(
-                f"{setting:11s} {m:9s} alpha={args.grid[a]:g} "
+                f"{setting:11s} {m:9s} alpha={grids[m][a]:g} "
                 f"loss={summary['runs'][f'{setting}/{m}']['final_normalised_loss']:.4f} "
                 f"acc={summary['runs'][f'{setting}/{m}']['final_test_accuracy']:.4f} "
                 f"({time.time() - t0:.0f}s)",
@@ -213,36 +268,76 @@ def main() -> None:
     summary["seconds"] = time.time() - t0
     with open(os.path.join(args.out, f"logistic_{tag}.json"), "w") as fh:
         json.dump(summary, fh, indent=1)
+    with open(os.path.join(args.out, f"logistic_{tag}_runs.json"), "w") as fh:
+        json.dump(raw, fh)
+    plot(curves, args, os.path.join(args.out, f"logistic_{tag}.png"))
+
+
+def replot(args) -> None:
+    """The PNG of an earlier run, from its `logistic_<tag>.json` and `_runs.json`."""
+    tag = f"K{args.local_steps}{args.tag}"
+    with open(os.path.join(args.out, f"logistic_{tag}.json")) as fh:
+        summary = json.load(fh)
+    with open(os.path.join(args.out, f"logistic_{tag}_runs.json")) as fh:
+        raw = json.load(fh)
+    curves = {}
+    for key, run in raw["runs"].items():
+        setting, m = key.split("/")
+        alpha = summary["runs"][key]["best_alpha"]
+        a = raw["grid"][m].index(alpha)
+        t, err, acc = (np.asarray(run[k])[a] for k in ("time", "normalised_loss", "test_accuracy"))
+        curves[(setting, m)] = (t, err, acc, alpha)
     plot(curves, args, os.path.join(args.out, f"logistic_{tag}.png"))
 
 
 def plot(curves, args, path):
+    """Mean over seeds with the 95% CI band (Student t; for the loss: of log10) when there are
+    >= 3 seeds, else the min-max band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for row, setting in enumerate(("uniform", "non-uniform")):
+    settings = [s for s in ("uniform", "non-uniform") if s in args.settings]
+    fig, axes = plt.subplots(len(settings), 2, figsize=(10, 3.5 * len(settings)), squeeze=False)
+    band = "95% CI" if args.seeds >= 3 else "min-max"
+    for row, setting in enumerate(settings):
         grid = np.linspace(0, args.horizon, 200)
         for m in METHODS:
             t, err, acc, alpha = curves[(setting, m)]
             for col, values in enumerate((err, acc)):
+                # before a run's first evaluation its model is x_s0 = 0: normalised loss 1
+                left = 1.0 if col == 0 else np.nan
                 v = np.array(
-                    [np.interp(grid, ti, vi, left=np.nan) for ti, vi in zip(t, values, strict=True)]
+                    [np.interp(grid, ti, vi, left=left) for ti, vi in zip(t, values, strict=True)]
                 )
                 ax = axes[row, col]
+                if col == 0:
+                    v = np.log10(np.maximum(v, 1e-300))
+                if args.seeds >= 3:  # accuracy: over the runs evaluated by then
+                    st = np.array(
+                        [
+                            mean_ci(c[np.isfinite(c)]) if np.isfinite(c).any() else (np.nan,) * 3
+                            for c in v.T
+                        ]
+                    )
+                    mid, lo, hi = st[:, 0], st[:, 0] - st[:, 1], st[:, 0] + st[:, 1]
+                else:
+                    mid, lo, hi = v.mean(0), v.min(0), v.max(0)
+                if col == 0:
+                    mid, lo, hi = 10.0**mid, 10.0**lo, 10.0**hi
                 draw = ax.semilogy if col == 0 else ax.plot
-                (line,) = draw(grid, v.mean(0), label=f"{m} ({alpha:g})")
-                ax.fill_between(grid, v.min(0), v.max(0), color=line.get_color(), alpha=0.15)
+                (line,) = draw(grid, mid, label=f"{m} ({alpha:g})")
+                ax.fill_between(grid, lo, hi, color=line.get_color(), alpha=0.15)
         axes[row, 0].set_ylabel(f"{setting}: (f - f*) / (f(0) - f*)")
         axes[row, 1].set_ylabel(f"{setting}: test accuracy")
         axes[row, 1].legend(fontsize=7)
-    for ax in axes[1]:
+    for ax in axes[-1]:
         ax.set_xlabel("simulated time")
     fig.suptitle(
         f"Logistic regression, Fashion-MNIST ({args.train} ex.), n={args.clients}, "
-        f"Dirichlet(0.1), K={args.local_steps}, Delta=4, {args.seeds} seed(s)"
+        f"Dirichlet(0.1), K={args.local_steps}, Delta=4, {args.seeds} seed(s), band: {band}",
+        fontsize=9,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=100)

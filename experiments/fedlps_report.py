@@ -4,7 +4,10 @@
 
 prints the markdown table of experiments/README.md (final pooled accuracy on the unseen test
 clients / rounds to the target accuracy (speed-up vs FedAvg)) and writes
-experiments/results/fedlps/curves_<dataset>.png.
+experiments/results/fedlps/curves_<dataset>.png. The multi-seed sweeps
+(`fedlps_table1.py --seeds N`, files `sweep_<dataset>_<model>.json`) go to
+`results/fedlps/table_seeds.md`: rounds to the target, paired speed-up vs FedAvg (beta = 1,
+same seed), final accuracy and loss, mean +- std over seeds (n).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import os
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -27,7 +31,7 @@ def load() -> dict:
     out = {}
     for path in sorted(glob.glob(os.path.join(RESULTS, "*_*.json"))):
         name = os.path.basename(path)[:-5]
-        if name.startswith("graph"):
+        if name.startswith(("graph", "sweep_")):
             continue
         with open(path) as f:
             out[name] = json.load(f)
@@ -111,7 +115,44 @@ def curves(results: dict) -> list[str]:
     return paths
 
 
+def seeds_table() -> str:
+    lines = [
+        "| dataset | model | setting | beta | n | reached | rounds to target (mean +- std) "
+        "| speed-up vs FedAvg (paired, mean +- std) | final acc % | final loss "
+        "| final loss - FedAvg's (paired) | s (sweep) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for path in sorted(glob.glob(os.path.join(RESULTS, "sweep_*.json"))):
+        with open(path) as f:
+            res = json.load(f)
+        cfg = res["config"]
+        for setting, rec in res["settings"].items():
+            ref = {r["seed"]: r["final_loss"] for r in rec["runs"] if r["beta"] == 1.0}
+            for beta, st in rec["summary"].items():
+                sel = [r for r in rec["runs"] if f"{r['beta']:g}" == beta]
+                d = np.array([r["final_loss"] - ref[r["seed"]] for r in sel])
+                rtt, sp = st["rounds_to_target"], st["speedup_vs_fedavg"]
+                acc, loss = st["final_accuracy"], st["final_loss"]
+                name = "FedAvg (beta = 1)" if beta == "1" else beta
+                lines.append(
+                    f"| {cfg['dataset']} | {cfg['model']} | {setting} | {name} | {st['n']} | "
+                    f"{st['reached']} | "
+                    + (f"{rtt['mean']:.1f} +- {rtt['std']:.1f}" if rtt else "-")
+                    + " | "
+                    + (f"{sp['mean']:.2f} +- {sp['std']:.2f}" if sp else "-")
+                    + f" | {100 * acc['mean']:.2f} +- {100 * acc['std']:.2f} | "
+                    f"{loss['mean']:.4f} +- {loss['std']:.4f} | "
+                    f"{d.mean():+.4f} +- {d.std(ddof=1):.4f} | {rec['seconds']:.0f} |"
+                )
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
+    if glob.glob(os.path.join(RESULTS, "sweep_*.json")):
+        text = seeds_table()
+        with open(os.path.join(RESULTS, "table_seeds.md"), "w") as f:
+            f.write(text)
+        print(text)
     results = load()
     print(table(results))
     for path in curves(results):

@@ -15,11 +15,20 @@ algorithm in one setting); fedlps_report.py turns the JSON files into the README
 curves. If the JSON file exists and was made with the same configuration (everything but the
 settings, betas and FedProx alphas), its cells are kept and only the missing ones are run
 (`--fresh` starts over).
+
+With `--seeds N` (N >= 2) each setting is instead ONE `fedjax_sim.sweep.sweep` over
+beta in {1 (= FedAvg with the graph weights), --betas} x seeds 0..N-1: the seed drives the
+model init (PyTorch-like, as above) and the minibatch order, the partition and graph stay
+those of `--seed`. Written to `sweep_<dataset>_<model>_<setting>/` beside the JSON (per-run
+histories.json / runs.csv, summary, sweep.png with 95% CI bands) and
+`results/fedlps/sweep_<dataset>_<model>.json` (rounds to the target per run, the paired
+speed-up FedAvg rounds / FedLPS rounds per seed, mean / std over seeds).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -36,6 +45,7 @@ from fedjax_sim.data.builtin import read_fashion_mnist
 from fedjax_sim.data.unseen import federate_unseen, split_pool
 from fedjax_sim.models import logistic_regression, mlp
 from fedjax_sim.simulate import EvalSpec, simulate
+from fedjax_sim.sweep import mean_ci, sweep
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "fedlps")
 
@@ -198,6 +208,103 @@ def run(args, path: str) -> dict:
     return out
 
 
+def stats(values) -> dict:
+    """`{mean, ci95_half, std}` over seeds (Student t, ddof 1)."""
+    mean, half, std = mean_ci(np.asarray(values, np.float64))
+    return {"mean": mean, "ci95_half": half, "std": std}
+
+
+def run_sweep(args, path: str) -> dict:
+    """`--seeds N`: one sweep over beta x seeds per setting (see the module doc)."""
+    cfg = {**DEFAULTS[(args.dataset, args.model)]}
+    for k in cfg:
+        if getattr(args, k, None) is not None:
+            cfg[k] = getattr(args, k)
+    out = {"config": {**vars(args), **cfg}, "settings": {}}
+    xtr, ytr, xte, yte = load_pool(args.dataset, cfg["pool"], args.seed)
+    make_model = {
+        "logistic": lambda shape: logistic_regression(shape, 10, l2=args.l2),
+        "mlp": lambda shape: mlp(shape, 10, hidden=(128,), l2=args.l2),
+    }[args.model]
+    settings = {"balanced": (0.0, 0.0), "imbalanced": (cfg["a"], 1.0)}
+    betas = [1.0] + [b for b in args.betas if b != 1.0]
+    for setting in args.settings:
+        a, b = settings[setting]
+        ds = federate_unseen(
+            xtr, ytr, xte, yte, num_clients=cfg["clients"], partitioner="hsu", seed=args.seed,
+            num_classes=10, name=args.dataset, class_imbalance=a, data_imbalance=b,
+        )  # fmt: skip
+        graph = graph_from_data(ds.train)
+        base = make_model(ds.feature_shape)
+        model = dataclasses.replace(
+            base, init=lambda key, f=base.init: torch_like_init(f(key), jax.random.fold_in(key, 1))
+        )
+        local = LocalSpec(epochs=cfg["epochs"], batch_size=cfg["batch"], sampling="epoch")
+
+        def make(hp, model=model, graph=graph, local=local):
+            return fedlps(
+                model.loss, beta=hp["beta"], graph=graph, client_optimizer=cfg["lr"], local=local
+            )
+
+        t0 = time.perf_counter()
+        res = sweep(
+            make, ds.train, seeds=args.seeds, grid={"beta": betas}, model=model,
+            num_rounds=cfg["rounds"], test=ds.test, evaluation=EvalSpec(every=1, clients=False),
+            progress=False, meta={"dataset": args.dataset, "model": args.model, "setting": setting},
+        )  # fmt: skip
+        seconds = time.perf_counter() - t0
+        res.save(
+            os.path.join(os.path.dirname(path), f"sweep_{args.dataset}_{args.model}_{setting}")
+        )
+        runs = []
+        for r, h in zip(res.runs, res.histories, strict=True):
+            rounds, acc = h.eval_series("test_accuracy")
+            runs.append(
+                {
+                    "beta": r.hparams["beta"],
+                    "seed": r.seed,
+                    "final_accuracy": float(acc[-1]),
+                    "final_loss": float(h.eval_series("test_loss")[1][-1]),
+                    "rounds_to_target": rounds_to_target(rounds, acc, cfg["target"]),
+                }
+            )
+        ref = {r["seed"]: r["rounds_to_target"] for r in runs if r["beta"] == 1.0}
+        summary = {}
+        for beta in betas:
+            sel = [r for r in runs if r["beta"] == beta]
+            rtt = [r["rounds_to_target"] for r in sel]
+            reached = [v for v in rtt if v is not None]
+            sp = [
+                ref[r["seed"]] / r["rounds_to_target"]
+                for r in sel
+                if r["rounds_to_target"] and ref[r["seed"]]
+            ]
+            acc = np.array([r["final_accuracy"] for r in sel])
+            summary[f"{beta:g}"] = {
+                "n": len(sel),
+                "reached": len(reached),
+                "rounds_to_target": stats(reached) if reached else None,
+                "speedup_vs_fedavg": stats(sp) if sp else None,
+                "final_accuracy": stats(acc),
+                "final_loss": stats([r["final_loss"] for r in sel]),
+            }
+            print(
+                f"{args.dataset} {args.model} {setting:10s} beta {beta:g}: rounds->"
+                f"{cfg['target']} {np.mean(reached) if reached else float('nan'):.1f} +- "
+                f"{np.std(reached, ddof=1) if len(reached) > 1 else float('nan'):.1f} "
+                f"({len(reached)}/{len(sel)}), speed-up {np.mean(sp) if sp else float('nan'):.2f}"
+                f" +- {np.std(sp, ddof=1) if len(sp) > 1 else float('nan'):.2f}, final acc "
+                f"{acc.mean():.4f} +- {acc.std(ddof=1):.4f}",
+                flush=True,
+            )
+        out["settings"][setting] = {"seconds": seconds, "summary": summary, "runs": runs}
+        print(f"{setting}: {seconds:.0f} s", flush=True)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dataset", choices=["digits", "fashion_mnist"], default="digits")
@@ -219,7 +326,13 @@ def main() -> None:
         ap.add_argument(f"--{k}", type=float)
     ap.add_argument("--out", default=None, help="JSON path (default results/fedlps/...)")
     ap.add_argument("--fresh", action="store_true", help="ignore cells of an existing JSON")
+    ap.add_argument("--seeds", type=int, default=None, help="N seeds with fedjax_sim.sweep")
     args = ap.parse_args()
+    if args.seeds is not None:
+        path = args.out or os.path.join(RESULTS, f"sweep_{args.dataset}_{args.model}.json")
+        run_sweep(args, path)
+        print(f"wrote {path}")
+        return
     suffix = "_rawgraph" if args.graph_features == "raw" else ""
     path = args.out or os.path.join(RESULTS, f"{args.dataset}_{args.model}{suffix}.json")
     run(args, path)

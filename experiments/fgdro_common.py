@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import time
 
-import jax
 import numpy as np
 
 from fedjax_sim.algorithms import (
@@ -28,7 +27,8 @@ from fedjax_sim.algorithms import (
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
 from fedjax_sim.dro import plot_worst_vs_average
 from fedjax_sim.history import History
-from fedjax_sim.simulate import EvalSpec, simulate
+from fedjax_sim.simulate import EvalSpec
+from fedjax_sim.sweep import sweep
 
 METHODS = (
     "FedAvg",
@@ -101,27 +101,29 @@ def build(name: str, loss, n: int, hp: dict):
 
 
 def run_all(methods, seeds, *, data, test, model, rounds, every, extra, hp, out_path, worst, mean):
-    """Runs every (method, seed), appends rows to the JSON file `out_path` as it goes."""
+    """Runs every (method, seed): one seeds-only `fedjax_sim.sweep.sweep` per method (run r
+    = `simulate` with key(seed_r)); appends rows to the JSON file `out_path` as it goes
+    (`seconds` of a row: the method's sweep time / number of seeds)."""
     rows = []
+    seeds = [int(s) for s in seeds]
     for name in methods:
-        alg = build(name, model.loss, data.num_clients, hp)  # one compilation for all seeds
-        for seed in seeds:
-            t0 = time.perf_counter()
-            hist = simulate(
-                alg,
-                data,
-                jax.random.key(seed),
-                model=model,
-                num_rounds=rounds,
-                test=test,
-                evaluation=EvalSpec(every=every, clients=False, extra=extra),
-                progress=False,
-            )
+        alg = build(name, model.loss, data.num_clients, hp)
+
+        def make(hparams, alg=alg):  # one compiled program for all seeds of the method
+            return alg
+
+        t0 = time.perf_counter()
+        res = sweep(
+            make, data, seeds=seeds, model=model, num_rounds=rounds, test=test,
+            evaluation=EvalSpec(every=every, clients=False, extra=extra), progress=False,
+        )  # fmt: skip
+        seconds = (time.perf_counter() - t0) / len(seeds)
+        for run, hist in zip(res.runs, res.histories, strict=True):
             final = hist.final()
             row = {
                 "method": name,
-                "seed": seed,
-                "seconds": time.perf_counter() - t0,
+                "seed": run.seed,
+                "seconds": seconds,
                 "worst": final[worst],
                 "mean": final[mean],
                 "final": final,
@@ -131,25 +133,34 @@ def run_all(methods, seeds, *, data, test, model, rounds, every, extra, hp, out_
             }
             rows.append(row)
             print(
-                f"{name:14s} seed {seed}: worst {row['worst']:.4f} mean {row['mean']:.4f} "
+                f"{name:14s} seed {run.seed}: worst {row['worst']:.4f} mean {row['mean']:.4f} "
                 f"({row['seconds']:.0f} s)",
                 flush=True,
             )
-            with open(out_path, "w") as f:
-                json.dump({"hparams": hp, "rows": rows}, f, indent=1)
+        with open(out_path, "w") as f:
+            json.dump({"hparams": hp, "rows": rows}, f, indent=1)
     return rows
 
 
-def table(rows, methods) -> str:
-    """Markdown table: mean (std) over seeds of the final worst and average metric."""
-    lines = ["| method | worst | average |", "|---|---|---|"]
+def _std(v: np.ndarray) -> float:
+    return float(v.std(ddof=1)) if v.size > 1 else 0.0
+
+
+def table(rows, methods, worst_loss: str | None = None) -> str:
+    """Markdown table: mean (std, ddof 1) over seeds of the final worst and average metric,
+    and of `final[worst_loss]` (the worst-group loss) when given."""
+    head = "| method | worst | average |" + (" worst loss |" if worst_loss else "")
+    lines = [head, "|---|---|---|" + ("---|" if worst_loss else "")]
     for name in methods:
-        w = np.array([r["worst"] for r in rows if r["method"] == name])
-        m = np.array([r["mean"] for r in rows if r["method"] == name])
+        sel = [r for r in rows if r["method"] == name]
+        w = np.array([r["worst"] for r in sel])
+        m = np.array([r["mean"] for r in sel])
         if w.size:
-            lines.append(
-                f"| {name} | {w.mean():.4f} ({w.std():.4f}) | {m.mean():.4f} ({m.std():.4f}) |"
-            )
+            line = f"| {name} | {w.mean():.4f} ({_std(w):.4f}) | {m.mean():.4f} ({_std(m):.4f}) |"
+            if worst_loss:
+                v = np.array([r["final"][worst_loss] for r in sel])
+                line += f" {v.mean():.4f} ({_std(v):.4f}) |"
+            lines.append(line)
     return "\n".join(lines)
 
 

@@ -15,6 +15,13 @@ Usage (one schedule per invocation keeps each run short; `nice` on a shared mach
     PYTHONPATH=. nice -n 10 python experiments/stepsizes_fmnist.py --schedule fixed
     PYTHONPATH=. python experiments/stepsizes_report.py   # curves + markdown table
 Writes experiments/results/stepsizes/<schedule>.json.
+
+With `--seeds N` every algorithm x split is one `fedjax_sim.sweep.sweep` over seeds 0..N-1
+(one compiled program per algorithm; the seed drives the network init and the minibatches,
+the partition stays the one of `--seed`), written to
+`<out>/sweep_<schedule><tag>/<algorithm>_<split>/` (histories.json, runs.csv, summary.csv,
+summary.md, sweep.png with the 95% CI band) plus `<out>/sweep_<schedule><tag>.json` (every
+run's curve and the mean / std / CI of the final accuracy per cell).
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ from fedjax_sim.data.federated import with_client_test
 from fedjax_sim.data.partition import PARTITIONERS
 from fedjax_sim.models import count_params, lenet
 from fedjax_sim.parallel import ClientMap
-from fedjax_sim.simulate import evaluate_clients
+from fedjax_sim.simulate import EvalSpec, evaluate_clients
+from fedjax_sim.sweep import mean_ci, sweep
 
 PARTITIONS = {"IID": "iid_shards", "Non-IID2": "class_halves", "Non-IID1": "one_class"}
 ALGORITHMS = ("FedAvg", "FedProx", "EF-FedAvg", "EF-FedProx")
@@ -107,6 +115,10 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=6)
     ap.add_argument("--eval-per-client", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--seeds", type=int, default=None, help="N seeds per cell with fedjax_sim.sweep (0..N-1)"
+    )
+    ap.add_argument("--partitions", nargs="*", default=list(PARTITIONS), choices=list(PARTITIONS))
     ap.add_argument("--algorithms", nargs="*", default=list(ALGORITHMS))
     ap.add_argument("--inner-lr", type=float, default=0.1, help="FedProx inner GD lr")
     ap.add_argument("--inner-steps", type=int, default=None, help="J (default: local steps)")
@@ -119,13 +131,18 @@ def main() -> None:
     assert count_params(model.init(jax.random.key(0))) == 431_080
     schedule = make_schedule(args.schedule, args.rounds)
     client_map = ClientMap("map", batch_size=1)
-    data = {name: federated(p, args.seed, args.eval_per_client) for name, p in PARTITIONS.items()}
+    data = {
+        name: federated(PARTITIONS[name], args.seed, args.eval_per_client)
+        for name in args.partitions
+    }
 
     def evaluate(params, ev):
         tr = evaluate_clients(model, params, ev.x, ev.y, ev.counts, client_map, "train")
         te = evaluate_clients(model, params, ev.x_test, ev.y_test, ev.test_counts, client_map)
         return tr["train_loss_pooled"], te["client_accuracy_mean"]
 
+    if args.seeds is not None:
+        return run_sweeps(args, model, schedule, client_map, data, evaluate)
     evaluate = jax.jit(evaluate)
     results = {
         "config": {
@@ -162,6 +179,67 @@ def main() -> None:
             )
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, f"{args.schedule}{args.tag}.json"), "w") as f:
+                json.dump(results, f, indent=1)
+
+
+def run_sweeps(args, model, schedule, client_map, data, evaluate) -> None:
+    """`--seeds N`: one seeds-only `sweep` per algorithm x split (see the module doc)."""
+    name = f"sweep_{args.schedule}{args.tag}"
+    results = {
+        "config": {
+            **vars(args),
+            "schedule_values": [float(s) for s in schedules.values(schedule, args.rounds)],
+        },
+        "cells": {},
+    }
+    for alg_name in args.algorithms:
+        alg = make_algorithm(alg_name, model.loss, schedule, args, client_map)
+
+        def make(hp, alg=alg):  # one object per algorithm: compiled once for all splits
+            return alg
+
+        for part_name, (train, ev) in data.items():
+
+            def extra(params, data, test, ev=ev):
+                loss, acc = evaluate(params, ev)
+                return {"pooled_train_loss": loss, "test_accuracy": acc}
+
+            spec = EvalSpec(every=args.eval_every, central=False, clients=False, extra=extra)
+            t0 = time.perf_counter()
+            res = sweep(
+                make, train, seeds=args.seeds, model=model, num_rounds=args.rounds,
+                evaluation=spec, client_map=client_map, progress=False,
+                meta={"algorithm": alg_name, "split": part_name, "schedule": args.schedule},
+            )  # fmt: skip
+            seconds = time.perf_counter() - t0
+            res.save(os.path.join(args.out, name, f"{alg_name}_{part_name}"))
+            acc = res.values("test_accuracy")
+            mean, half, std = mean_ci(acc)
+            loss = res.values("pooled_train_loss")
+            results["cells"][f"{alg_name}|{part_name}"] = {
+                "seconds": seconds,
+                "n": int(acc.size),
+                "final_accuracy": {"mean": mean, "std": std, "ci95_half": half},
+                "final_train_loss": {"mean": float(loss.mean()), "std": float(loss.std(ddof=1))},
+                "runs": [
+                    {
+                        "seed": r.seed,
+                        "round": [e["round"] for e in h.evals],
+                        "test_accuracy": [e["test_accuracy"] for e in h.evals],
+                        "train_loss": [e["pooled_train_loss"] for e in h.evals],
+                        "nonfinite_round": h.meta.get("nonfinite_round"),
+                    }
+                    for r, h in zip(res.runs, res.histories, strict=True)
+                ],
+            }
+            print(
+                f"{args.schedule:12s} {alg_name:10s} {part_name:8s} n={acc.size} "
+                f"acc {100 * mean:.1f} +- {100 * std:.1f} loss {loss.mean():.4f} "
+                f"({seconds:.0f} s)",
+                flush=True,
+            )
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, f"{name}.json"), "w") as f:
                 json.dump(results, f, indent=1)
 
 

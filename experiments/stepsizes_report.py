@@ -4,7 +4,10 @@
 
 Writes `curves.png` (test accuracy and training loss per schedule x partition) and `table.md`
 (test accuracy / training loss at the last round K of every run and at the last round evaluated
-in every run, uploaded MB per run) into the results folder.
+in every run, uploaded MB per run) into the results folder. The multi-seed sweeps
+(`stepsizes_fmnist.py --seeds N`, files `sweep_*.json`) go to `table_seeds.md` (final test
+accuracy / training loss, mean +- std and 95% CI over seeds, n) and `curves_seeds.png` (mean
+test accuracy with its 95% CI band per split).
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ import json
 import os
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from fedjax_sim.sweep import mean_ci  # noqa: E402
 
 PARTITIONS = ("IID", "Non-IID2", "Non-IID1")
 ALGORITHMS = ("FedAvg", "FedProx", "EF-FedAvg", "EF-FedProx")
@@ -27,7 +33,7 @@ SCHEDULES = ("fixed", "diminishing", "step_decay")
 def load(directory: str) -> dict[str, dict]:
     out = {}
     for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
-        if os.path.basename(path).startswith("diagnose_"):  # stepsizes_diagnose.py output
+        if os.path.basename(path).startswith(("diagnose_", "sweep_")):  # other formats
             continue
         with open(path) as f:
             out[os.path.basename(path)[:-5]] = json.load(f)
@@ -94,11 +100,69 @@ def plot(results: dict[str, dict], path: str) -> None:
     fig.savefig(path, dpi=70)
 
 
+def load_sweeps(directory: str) -> dict[str, dict]:
+    out = {}
+    for path in sorted(glob.glob(os.path.join(directory, "sweep_*.json"))):
+        with open(path) as f:
+            out[os.path.basename(path)[len("sweep_") : -5]] = json.load(f)
+    return out
+
+
+def seeds_table(sweeps: dict[str, dict]) -> str:
+    lines = [
+        "| run | K | split | algorithm | n | final test acc % (mean +- std) | 95% CI "
+        "| final train loss (mean +- std) | runs at chance (acc < 11%) | s |",
+        "|---|---:|---|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for name, res in sweeps.items():
+        for key, c in res["cells"].items():
+            alg, part = key.split("|")
+            acc = np.array([r["test_accuracy"][-1] for r in c["runs"]])
+            loss = np.array([r["train_loss"][-1] for r in c["runs"]])
+            mean, half, std = mean_ci(acc)
+            lines.append(
+                f"| {name} | {res['config']['rounds']} | {part} | {alg} | {acc.size} | "
+                f"{100 * mean:.1f} +- {100 * std:.1f} | [{100 * (mean - half):.1f}, "
+                f"{100 * (mean + half):.1f}] | {loss.mean():.3f} +- {loss.std(ddof=1):.3f} | "
+                f"{int(np.sum(acc < 0.11))} | {c['seconds']:.0f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot_seeds(sweeps: dict[str, dict], path: str) -> None:
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), squeeze=False)
+    colors = {name: f"C{i}" for i, name in enumerate(sweeps)}  # one colour per run everywhere
+    for name, res in sweeps.items():
+        for key, c in res["cells"].items():
+            alg, part = key.split("|")
+            ax = axes[0, PARTITIONS.index(part)]
+            rounds = np.asarray(c["runs"][0]["round"])
+            v = np.array([r["test_accuracy"] for r in c["runs"]])  # [S, T]
+            stats = np.array([mean_ci(v[:, t]) for t in range(v.shape[1])])
+            mean, half = stats[:, 0], np.nan_to_num(stats[:, 1])
+            label = f"{alg} [{name}], n={len(v)}"
+            ax.plot(rounds, mean, marker=".", color=colors[name], label=label)
+            ax.fill_between(rounds, mean - half, mean + half, color=colors[name], alpha=0.2)
+            ax.set_title(f"{part}: test accuracy, mean and 95% CI", fontsize=9)
+            ax.set_xlabel("round")
+    for ax in axes[0]:
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="experiments/results/stepsizes")
     args = ap.parse_args()
     results = load(args.dir)
+    sweeps = load_sweeps(args.dir)
+    if sweeps:
+        text = seeds_table(sweeps)
+        with open(os.path.join(args.dir, "table_seeds.md"), "w") as f:
+            f.write(text)
+        plot_seeds(sweeps, os.path.join(args.dir, "curves_seeds.png"))
+        print(text)
     if not results:
         raise SystemExit(f"no results in {args.dir}; run experiments/stepsizes_fmnist.py first")
     at = common_round(results)

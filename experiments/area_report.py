@@ -1,0 +1,101 @@
+"""Tables of the multi-seed `area_logistic.py` runs (`logistic_K1_<tag>_<setting>.json`).
+
+    PYTHONPATH=. python experiments/area_report.py [--tag seeds10]
+Writes experiments/results/area/logistic_<tag>.md: per clock setting and method, the step
+size chosen by each selection rule, the normalised loss (f - f*) / (f(0) - f*) and the test
+accuracy at simulated times 2 / 5 / 10 / 20 (mean +- std over seeds at the step size of the
+time-averaged rule), and AREA minus each baseline at the horizon, paired by seed (mean, 95%
+CI, and how many seeds AREA is lower).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import numpy as np
+
+from fedjax_sim.sweep import mean_ci
+
+DIR = os.path.join(os.path.dirname(__file__), "results", "area")
+METHODS = ("AREA", "S-FedAvg", "AS-FedAvg", "FedBuff", "MIFA")
+
+
+def fmt(v, digits: int = 3) -> str:
+    v = np.asarray(v, np.float64)
+    return f"{v.mean():.{digits}f} +- {v.std(ddof=1):.{digits}f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tag", default="seeds10")
+    args = ap.parse_args()
+    out = []
+    for setting in ("uniform", "non-uniform"):
+        path = os.path.join(DIR, f"logistic_K1_{args.tag}_{setting}.json")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            res = json.load(f)
+        runs = {m: res["runs"].get(f"{setting}/{m}") for m in METHODS}
+        if runs["AREA"] is None:
+            continue
+        times = list(runs["AREA"]["at_time"])
+        n = runs["AREA"]["n_seeds"]
+        out.append(f"\n#### {setting} clocks, {n} seeds (`{os.path.basename(path)}`)\n")
+        out.append(
+            "| method | alpha (time-avg rule) | alpha (final-loss rule) | "
+            + " | ".join(f"loss / acc at t = {t}" for t in times)
+            + " |"
+        )
+        out.append("|---|---:|---:|" + "---:|" * len(times))
+        for m, r in runs.items():
+            cells = [
+                f"{fmt(r['at_time'][t]['normalised_loss_per_seed'])} / "
+                f"{fmt(r['at_time'][t]['test_accuracy_per_seed'])}"
+                for t in times
+            ]
+            out.append(
+                f"| {m} | {r['best_alpha']:g} | {r['best_alpha_by_final_loss']:g} | "
+                + " | ".join(cells)
+                + " |"
+            )
+        horizon = times[-1]
+        for rule, key in (("time-avg", "at_time"), ("final-loss", "at_time_final_loss_rule")):
+            area = runs["AREA"][key]
+            out.append(
+                f"\nAREA minus baseline, paired by seed ({rule} rule): normalised loss at each t "
+                f"and test accuracy at t = {horizon}, mean [95% CI] (seeds where AREA is better)\n"
+            )
+            out.append(
+                "| baseline | "
+                + " | ".join(f"loss diff. t = {t}" for t in times)
+                + f" | acc. diff. t = {horizon} |"
+            )
+            out.append("|---|" + "---:|" * (len(times) + 1))
+            for m in METHODS[1:]:
+                cells = []
+                for t in times:
+                    a, b = area[t], runs[m][key][t]
+                    d = np.subtract(a["normalised_loss_per_seed"], b["normalised_loss_per_seed"])
+                    mean, half, _ = mean_ci(d)
+                    cells.append(
+                        f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] "
+                        f"({int(np.sum(d < 0))}/{d.size})"
+                    )
+                a, b = area[horizon], runs[m][key][horizon]
+                d = np.subtract(a["test_accuracy_per_seed"], b["test_accuracy_per_seed"])
+                mean, half, _ = mean_ci(d)
+                better = int(np.sum(d > 0))
+                lo, hi = mean - half, mean + half
+                cells.append(f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}] ({better}/{d.size})")
+                out.append(f"| {m} | " + " | ".join(cells) + " |")
+    text = "\n".join(out) + "\n"
+    with open(os.path.join(DIR, f"logistic_{args.tag}.md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
