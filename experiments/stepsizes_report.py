@@ -6,8 +6,10 @@ Writes `curves.png` (test accuracy and training loss per schedule x partition) a
 (test accuracy / training loss at the last round K of every run and at the last round evaluated
 in every run, uploaded MB per run) into the results folder. The multi-seed sweeps
 (`stepsizes_fmnist.py --seeds N`, files `sweep_*.json`) go to `table_seeds.md` (final test
-accuracy / training loss, mean +- std and 95% CI over seeds, n) and `curves_seeds.png` (mean
-test accuracy with its 95% CI band per split).
+accuracy / training loss, mean +- std and 95% CI over seeds, n), `paired_seeds.md` (paired
+differences of the final test accuracy by seed: EF-X minus X with the same solver, and FedProx
+/ EF-FedProx minus FedAvg, for every schedule, K and split run with both) and
+`curves_seeds.png` (mean test accuracy with its 95% CI band per split).
 """
 
 from __future__ import annotations
@@ -129,6 +131,53 @@ def seeds_table(sweeps: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _solver(cfg: dict, alg: str) -> str:
+    """The FedProx inner solver of a sweep (`-` for the FedAvg family)."""
+    if not alg.endswith("FedProx"):
+        return "-"
+    j = cfg["inner_steps"] or cfg["local_steps"]
+    return f"J = {j}, {'uncapped' if cfg['no_cap'] else 'capped'}, inner lr {cfg['inner_lr']:g}"
+
+
+def paired_table(sweeps: dict[str, dict]) -> str:
+    """Final test accuracy differences paired by seed (same init and minibatches)."""
+    cells = []
+    for name, res in sweeps.items():
+        cfg = res["config"]
+        setting = (cfg["schedule"], cfg["rounds"], cfg["local_steps"], cfg["batch_size"])
+        for key, c in res["cells"].items():
+            alg, part = key.split("|")
+            acc = {r["seed"]: r["test_accuracy"][-1] for r in c["runs"]}
+            cells.append((setting, part, alg, _solver(cfg, alg), name, acc))
+    pairs = []
+    for a in cells:
+        for b in cells:
+            if a[:2] != b[:2]:
+                continue
+            ef = a[2] == "EF-" + b[2] and a[3] == b[3]
+            prox = a[2].endswith("FedProx") and b[2] == "FedAvg"
+            if ef or prox:
+                pairs.append((a, b))
+    lines = [
+        "| schedule | K | split | A | B | A's solver | n | A - B, points (mean +- std) "
+        "| 95% CI | seeds with A < B | A / B runs |",
+        "|---|---:|---|---|---|---|---:|---:|---|---:|---|",
+    ]
+    order = {p: i for i, p in enumerate(PARTITIONS)}
+    pairs.sort(key=lambda ab: (ab[0][0], order[ab[0][1]], ab[0][2], ab[1][2], ab[0][3]))
+    for a, b in pairs:
+        seeds = sorted(set(a[5]) & set(b[5]))
+        d = 100 * np.array([a[5][s] - b[5][s] for s in seeds])
+        mean, half, std = mean_ci(d)
+        sched, k = a[0][:2]
+        lines.append(
+            f"| {sched} | {k} | {a[1]} | {a[2]} | {b[2]} | {a[3]} | {d.size} | "
+            f"{mean:+.1f} +- {std:.1f} | [{mean - half:+.1f}, {mean + half:+.1f}] | "
+            f"{int(np.sum(d < 0))} of {d.size} | {a[4]} / {b[4]} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def plot_seeds(sweeps: dict[str, dict], path: str) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), squeeze=False)
     colors = {name: f"C{i}" for i, name in enumerate(sweeps)}  # one colour per run everywhere
@@ -161,8 +210,12 @@ def main() -> None:
         text = seeds_table(sweeps)
         with open(os.path.join(args.dir, "table_seeds.md"), "w") as f:
             f.write(text)
+        paired = paired_table(sweeps)
+        with open(os.path.join(args.dir, "paired_seeds.md"), "w") as f:
+            f.write(paired)
         plot_seeds(sweeps, os.path.join(args.dir, "curves_seeds.png"))
         print(text)
+        print(paired)
     if not results:
         raise SystemExit(f"no results in {args.dir}; run experiments/stepsizes_fmnist.py first")
     at = common_round(results)
