@@ -118,7 +118,7 @@ def curves(results: dict) -> list[str]:
 def seeds_table() -> str:
     lines = [
         "| dataset | model | setting | beta | n | reached | rounds to target (mean +- std) "
-        "| speed-up vs FedAvg (paired, mean +- std) | final acc % | final loss "
+        "| speed-up vs FedAvg (paired, mean +- std [95% CI]) | final acc % | final loss "
         "| final loss - FedAvg's (paired) | s (sweep) |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -139,7 +139,12 @@ def seeds_table() -> str:
                     f"{st['reached']} | "
                     + (f"{rtt['mean']:.1f} +- {rtt['std']:.1f}" if rtt else "-")
                     + " | "
-                    + (f"{sp['mean']:.2f} +- {sp['std']:.2f}" if sp else "-")
+                    + (
+                        f"{sp['mean']:.2f} +- {sp['std']:.2f} [{sp['mean'] - sp['ci95_half']:.2f}, "
+                        f"{sp['mean'] + sp['ci95_half']:.2f}]"
+                        if sp
+                        else "-"
+                    )
                     + f" | {100 * acc['mean']:.2f} +- {100 * acc['std']:.2f} | "
                     f"{loss['mean']:.4f} +- {loss['std']:.4f} | "
                     f"{d.mean():+.4f} +- {d.std(ddof=1):.4f} | {rec['seconds']:.0f} |"
