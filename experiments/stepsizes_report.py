@@ -179,22 +179,30 @@ def paired_table(sweeps: dict[str, dict]) -> str:
 
 
 def plot_seeds(sweeps: dict[str, dict], path: str) -> None:
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), squeeze=False)
-    colors = {name: f"C{i}" for i, name in enumerate(sweeps)}  # one colour per run everywhere
+    """One row per schedule, one panel per split; one colour per (run, algorithm) everywhere."""
+    scheds = [x for x in SCHEDULES if any(r["config"]["schedule"] == x for r in sweeps.values())]
+    fig, axes = plt.subplots(len(scheds), 3, figsize=(13, 3.6 * len(scheds)), squeeze=False)
+    labels = sorted({(name, key.split("|")[0]) for name, r in sweeps.items() for key in r["cells"]})
+    cmap = plt.get_cmap("tab20")
+    colors = {lab: cmap(i % 20) for i, lab in enumerate(labels)}
     for name, res in sweeps.items():
+        row = scheds.index(res["config"]["schedule"])
         for key, c in res["cells"].items():
             alg, part = key.split("|")
-            ax = axes[0, PARTITIONS.index(part)]
+            ax = axes[row, PARTITIONS.index(part)]
             rounds = np.asarray(c["runs"][0]["round"])
             v = np.array([r["test_accuracy"] for r in c["runs"]])  # [S, T]
             stats = np.array([mean_ci(v[:, t]) for t in range(v.shape[1])])
             mean, half = stats[:, 0], np.nan_to_num(stats[:, 1])
+            color = colors[(name, alg)]
             label = f"{alg} [{name}], n={len(v)}"
-            ax.plot(rounds, mean, marker=".", color=colors[name], label=label)
-            ax.fill_between(rounds, mean - half, mean + half, color=colors[name], alpha=0.2)
-            ax.set_title(f"{part}: test accuracy, mean and 95% CI", fontsize=9)
+            ax.plot(rounds, mean, marker=".", color=color, label=label)
+            ax.fill_between(rounds, mean - half, mean + half, color=color, alpha=0.2)
+            ax.set_title(
+                f"{res['config']['schedule']}, {part}: test accuracy, mean and 95% CI", fontsize=9
+            )
             ax.set_xlabel("round")
-    for ax in axes[0]:
+    for ax in axes.flat:
         ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
