@@ -608,7 +608,10 @@ def sweep(
     ]
     start = 0
     ckpt = Checkpointer(checkpoint_dir) if checkpoint_dir else None
-    real = lambda tree: jax.tree.map(lambda a: a[:num], tree)  # noqa: E731  drop the padding
+
+    def real(tree: Any) -> Any:  # the real runs, without the mesh's padding copies
+        return jax.tree.map(lambda a: a[:num], tree)
+
     if resume and ckpt is not None and ckpt.latest_round() is not None:
         start, saved_states, saved_keys, saved = ckpt.restore(real(states), real(keys))
         states = jax.tree.map(

@@ -182,7 +182,9 @@ def sweep_command(cfg: SweepConfig, explicit: set[str] | None = None) -> int:
         raise UsageError("sweep runs in one process; drop the multi-process flags")
     try:
         check_config(cfg)
-        mesh = setup_devices(cfg, "runs")  # --devices shards the runs axis (sweep.RUNS_AXIS)
+        from fedjax_sim.sweep import RUNS_AXIS  # jax imported, no device touched yet
+
+        mesh = setup_devices(cfg, RUNS_AXIS)  # --devices shards the runs axis
         check_grid(cfg, grid)
         dataset, model, make_algorithm, client_map = build_sweep(cfg, grid, explicit)
         privacy = privacy_accounting(cfg, dataset.train.num_clients)

@@ -8,6 +8,7 @@ python tests/distributed_worker.py process PID NPROC PORT OUT.npz
 
 import os
 import sys
+import tempfile
 
 mode = sys.argv[1]
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=" + (
@@ -203,6 +204,14 @@ def sharded(out):
         )
         results[f"sweep/{label}/w"] = np.asarray(res.states.params["w"])
         results[f"sweep/{label}/devices"] = np.asarray(res.meta["devices"])
+    # interrupted after 3 of 6 rounds and resumed: checkpoints hold the 5 real runs, the
+    # padding copies are rebuilt on resume
+    ckpt = tempfile.mkdtemp()
+    resumed_kw = dict(sweep_kw, mesh=runs_mesh(4), checkpoint_dir=ckpt, checkpoint_every=3)
+    sweep(make, data, **dict(resumed_kw, num_rounds=3))
+    res = sweep(make, data, resume=True, **resumed_kw)
+    results["sweep/resumed/train_loss"] = np.stack([h.metric("train_loss") for h in res.histories])
+    results["sweep/resumed/w"] = np.asarray(res.states.params["w"])
     np.savez(out, **results)
 
 

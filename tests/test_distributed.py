@@ -85,6 +85,9 @@ def test_sweep_with_runs_sharded_equals_one_device(sharded_results):
     np.testing.assert_allclose(
         r["sweep/sharded/train_loss"], r["sweep/plain/train_loss"], rtol=1e-5, atol=1e-6
     )
+    # a sharded sweep interrupted at round 3 and resumed is the uninterrupted sharded sweep
+    np.testing.assert_array_equal(r["sweep/resumed/w"], shard)
+    np.testing.assert_array_equal(r["sweep/resumed/train_loss"], r["sweep/sharded/train_loss"])
 
 
 def _free_port():
