@@ -52,8 +52,13 @@ def build(workload: str):
         cfg = RunConfig()
         dataset, model, alg, _ = build_run(cfg)
         examples = cfg.cohort_size * cfg.local_steps * cfg.batch_size
-        return alg, dataset.train, dataset.test, model, EvalSpec(every=20), train_flops(
-            model, examples
+        return (
+            alg,
+            dataset.train,
+            dataset.test,
+            model,
+            EvalSpec(every=20),
+            train_flops(model, examples),
         )
     from fedjax_sim.bench import workloads
 
