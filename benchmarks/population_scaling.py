@@ -189,7 +189,7 @@ def pair(args) -> None:
         kw = dict(
             plan=plan, model=model, evaluation=EvalSpec(every=1, clients=False), progress=False
         )
-        jax.block_until_ready(run_chunk(state, data, key, 1))
+        state, _ = jax.block_until_ready(run_chunk(state, data, key, 1))  # donates state
         simulate_streamed(alg, store, key, num_rounds=1, **kw)
         dev, stream, prefetch, stall = [], [], [], []
         for _ in range(args.reps):

@@ -276,6 +276,7 @@ def simulate(
             return history
     files = HistoryWriter(out_dir) if out_dir and writer else None
 
+    state = owned(state)  # the chunks donate it
     chunk = max(1, min(num_rounds, evaluation.every, checkpoint_every or num_rounds))
     run_chunk = _compiled_chunk(algorithm, chunk)
     evaluate = _compiled_evaluator(model, evaluation, client_map, test is not None)
@@ -333,10 +334,14 @@ def simulate(
     except KeyboardInterrupt:
         history.truncate(r)  # rows of a chunk whose state was not kept
         saved_to = None
-        if ckpt:
-            if r > last_saved or ckpt.latest_round() is None:
-                history.meta["seconds"] = time.perf_counter() - t0
-                ckpt.save(r, state, key, history.to_dict())
+        if not alive(state):  # a second Ctrl-C inside a chunk: round r's state was donated
+            if ckpt and ckpt.latest_round() is not None:
+                r = last_saved  # the rounds the checkpoint holds
+                history.truncate(r)
+        elif ckpt and (r > last_saved or ckpt.latest_round() is None):
+            history.meta["seconds"] = time.perf_counter() - t0
+            ckpt.save(r, state, key, history.to_dict())
+        if ckpt and ckpt.latest_round() is not None:
             saved_to = ckpt.directory
         raise Interrupted(r, saved_to) from None
     finally:
@@ -352,11 +357,24 @@ def simulate(
     return history
 
 
+def owned(tree: Any) -> Any:
+    """Fresh copies of `tree`'s arrays: a state the chunks may donate without deleting
+    arrays the caller still holds (the params passed in, a restored checkpoint)."""
+    return jax.tree.map(lambda a: jnp.copy(a) if isinstance(a, jax.Array) else a, tree)
+
+
+def alive(tree: Any) -> bool:
+    """No array of `tree` was donated (deleted) yet."""
+    return not any(a.is_deleted() for a in jax.tree.leaves(tree) if isinstance(a, jax.Array))
+
+
 @functools.lru_cache(maxsize=16)
 def _compiled_chunk(algorithm: Algorithm, length: int):
     """`jit(run(state, data, key, n))`: a `lax.scan` of static `length` whose first `n`
     (dynamic) iterations step the algorithm and the rest pass the state through, so every
-    chunk of a run, whatever its size, uses one compilation (cached per algorithm)."""
+    chunk of a run, whatever its size, uses one compilation (cached per algorithm). The
+    state is donated: the new state reuses its buffers (per-client `[C, ...]` rows are
+    updated in place instead of copied once per chunk)."""
 
     def run(state, data, key, n):
         def advance(state):
@@ -373,7 +391,7 @@ def _compiled_chunk(algorithm: Algorithm, length: int):
 
         return lax.scan(body, state, jnp.arange(length))
 
-    return jax.jit(run)
+    return jax.jit(run, donate_argnums=0)
 
 
 @functools.lru_cache(maxsize=16)

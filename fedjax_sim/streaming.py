@@ -55,6 +55,7 @@ from fedjax_sim.simulate import (
     _postfix,
     _progress,
     evaluate_central,
+    owned,
 )
 
 
@@ -278,7 +279,15 @@ class _RowStore:
         """`state` with its row leaves the chunk's `CohortRows [U, ...]` (patched)."""
         if self.prev is not None:
             table = _patch(table, slots, self.prev[1], self.prev[0])
-        return self._with_rows(state, [CohortRows(t, slots, self.num_clients) for t in table])
+        # one slot-id array per row leaf: the chunk donates its state, and a donated
+        # argument cannot hold one buffer twice
+        return self._with_rows(
+            state,
+            [
+                CohortRows(t, jnp.copy(slots) if i else slots, self.num_clients)
+                for i, t in enumerate(table)
+            ],
+        )
 
     def leave(self, state: Any) -> None:
         """Keeps the chunk's new rows (to patch the next chunk) and queues their write-back."""
@@ -415,6 +424,7 @@ def simulate_streamed(
     if plan.exact:
         counts_dev = jnp.asarray(host_counts) if host_counts is not None else source.all_counts()
     rows = _Rows(population=source) if isinstance(source, Population) else _Rows(source.decode)
+    state = owned(state)  # the chunks donate it
     chunk = max(1, min(num_rounds, evaluation.every))
     run_chunk = _compiled_stream_chunk(algorithm, chunk, rows, num_classes, plan.exact)
     evaluate = _compiled_central(model, evaluation.batch_size) if test is not None else None
@@ -532,7 +542,8 @@ def _compiled_stream_chunk(
     algorithm: Algorithm, length: int, rows: _Rows, num_classes: int, exact: bool
 ):
     """`jit(run(state, host [T, M, ...], ids [T, M], counts, key, n))`: like
-    `simulate._compiled_chunk`, with round t's cohort rows as the scan's input."""
+    `simulate._compiled_chunk` (the state donated), with round t's cohort rows as the scan's
+    input."""
 
     def run(state, host, ids, counts, key, n):
         def advance(state, host_t, ids_t):
@@ -556,7 +567,7 @@ def _compiled_stream_chunk(
 
         return lax.scan(body, state, (jnp.arange(length), host, ids))
 
-    return jax.jit(run)
+    return jax.jit(run, donate_argnums=0)
 
 
 @functools.lru_cache(maxsize=16)
