@@ -253,9 +253,8 @@ def run_sweep(args, path: str) -> dict:
             progress=False, meta={"dataset": args.dataset, "model": args.model, "setting": setting},
         )  # fmt: skip
         seconds = time.perf_counter() - t0
-        res.save(
-            os.path.join(os.path.dirname(path), f"sweep_{args.dataset}_{args.model}_{setting}")
-        )
+        name = f"sweep_{args.dataset}_{args.model}{args.tag}_{setting}"
+        res.save(os.path.join(os.path.dirname(path), name))
         runs = []
         for r, h in zip(res.runs, res.histories, strict=True):
             rounds, acc = h.eval_series("test_accuracy")
@@ -327,9 +326,11 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="JSON path (default results/fedlps/...)")
     ap.add_argument("--fresh", action="store_true", help="ignore cells of an existing JSON")
     ap.add_argument("--seeds", type=int, default=None, help="N seeds with fedjax_sim.sweep")
+    ap.add_argument("--tag", default="", help="suffix of the --seeds output names")
     args = ap.parse_args()
     if args.seeds is not None:
-        path = args.out or os.path.join(RESULTS, f"sweep_{args.dataset}_{args.model}.json")
+        name = f"sweep_{args.dataset}_{args.model}{args.tag}.json"
+        path = args.out or os.path.join(RESULTS, name)
         run_sweep(args, path)
         print(f"wrote {path}")
         return
