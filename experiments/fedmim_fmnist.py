@@ -27,7 +27,9 @@ With `--seeds N` every method is one `fedjax_sim.sweep.sweep` over its client-lr
 seed changes the initial model and the cohort / minibatch draws, the partition is seed
 0's). Writes `results/fedmim/sweep_dir<alpha><tag>.json` (every run's accuracy and C_t
 curves) and the sweep engine's output per method under `results/fedmim/sweep_dir<alpha><tag>/`;
-`fedmim_report.py` selects each method's lr and writes the paired tables.
+`fedmim_report.py` selects each method's lr and writes the paired tables. With several
+devices (`XLA_FLAGS=--xla_force_host_platform_device_count=2`: one per CPU core) the runs are
+sharded over them (`sweep.runs_mesh`).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from fedjax_sim.data.idx import read_fashion_mnist
 from fedjax_sim.models import cnn
 from fedjax_sim.schedules import round_decay
 from fedjax_sim.simulate import EvalSpec, evaluate_central
-from fedjax_sim.sweep import sweep
+from fedjax_sim.sweep import runs_mesh, sweep
 
 ALGORITHMS = ("FedAvg", "FedAdam", "SCAFFOLD", "FedCM", "FedDyn", "FedSAM", "FedMIM")
 OUT_DIR = os.path.join(os.path.dirname(__file__), "results", "fedmim")
@@ -157,6 +159,7 @@ def run_sweeps(args, model, data, test, results) -> None:
         res = sweep(
             make, data, seeds=args.seeds, grid={"lr": grids[name]}, model=model,
             num_rounds=args.rounds, test=test, progress=False, meta={"algorithm": name},
+            mesh=runs_mesh() if jax.device_count() > 1 else None,
             evaluation=EvalSpec(every=args.eval_every, clients=False),
         )  # fmt: skip
         seconds = time.perf_counter() - t0

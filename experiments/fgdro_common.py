@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 
+import jax
 import numpy as np
 
 from fedjax_sim.algorithms import (
@@ -28,7 +29,7 @@ from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
 from fedjax_sim.dro import plot_worst_vs_average
 from fedjax_sim.history import History
 from fedjax_sim.simulate import EvalSpec
-from fedjax_sim.sweep import sweep
+from fedjax_sim.sweep import runs_mesh, sweep
 
 METHODS = (
     "FedAvg",
@@ -117,7 +118,8 @@ def run_all(
     that method's step-size grid x seeds (the step size traced: one compiled program);
     appends rows (with the row's `lr`) to the JSON file `out_path` as it goes (`seconds` of a
     row: the method's sweep time / its number of runs). `worst_loss`: an evaluation metric
-    whose curve is kept too (`curve_worst_loss`)."""
+    whose curve is kept too (`curve_worst_loss`). With several devices (e.g.
+    `XLA_FLAGS=--xla_force_host_platform_device_count=2`) the runs are sharded over them."""
     rows = []
     seeds = [int(s) for s in seeds]
     for name in methods:
@@ -133,6 +135,7 @@ def run_all(
         res = sweep(
             make, data, seeds=seeds, model=model, num_rounds=rounds, test=test,
             grid={"lr": list(grid)} if grid else None,
+            mesh=runs_mesh() if jax.device_count() > 1 else None,
             evaluation=EvalSpec(every=every, clients=False, extra=extra), progress=False,
         )  # fmt: skip
         seconds = (time.perf_counter() - t0) / len(res.runs)
