@@ -87,8 +87,9 @@ def seeds_report(path: str) -> str:
         "",
         "## Every grid point (selected lr marked *)",
         "",
-        "| method | lr | n | final acc (%) | best acc (%) | C_t | diverged runs | s (method) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| method | lr | n | final acc (%) | best acc (%) | C_t | C_t / A^2 | diverged runs "
+        "| s (method) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m, a in arr.items():
         for lr, d in a.items():
@@ -97,7 +98,8 @@ def seeds_report(path: str) -> str:
             mark = "*" if lr == chosen[m] else ""
             lines.append(
                 f"| {m} | {lr:g}{mark} | {d['final'].size} | {_fmt(d['final'])} | "
-                f"{_fmt(d['best'])} | {_fmt(d['ct'], 1, 4)} | {bad} | "
+                f"{_fmt(d['best'])} | {_fmt(d['ct'], 1, 4)} | "
+                f"{_fmt(d['ct'] / DAMPING.get(m, 1.0) ** 2, 1, 4)} | {bad} | "
                 f"{blob['methods'][m]['seconds']:.0f} |"
             )
     ref = arr["FedAvg"][chosen["FedAvg"]]["ct"] if "FedAvg" in arr else None
@@ -123,8 +125,9 @@ def seeds_report(path: str) -> str:
             "## FedMIM minus each baseline, paired by seed: mean [95% CI] (seeds FedMIM ahead)",
             "",
             "| baseline | final acc, selected lrs | best acc, selected lrs | final acc, common "
-            f"lr {COMMON_LR:g} | C_t, selected lrs | C_t / A^2, selected lrs |",
-            "|---|---:|---:|---:|---:|---:|",
+            f"lr {COMMON_LR:g} | C_t, selected lrs | C_t / A^2, selected lrs | C_t / A^2, "
+            f"common lr {COMMON_LR:g} |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for m, a in arr.items():
             if m == "FedMIM":
@@ -145,6 +148,11 @@ def seeds_report(path: str) -> str:
             dn = x["ct"] / amp_x**2 - y["ct"] / amp_y**2
             cells.append(_ci(dc, 1.0, 4) + f" ({int((dc < 0).sum())}/{dc.size} lower)")
             cells.append(_ci(dn, 1.0, 4) + f" ({int((dn < 0).sum())}/{dn.size} lower)")
+            if COMMON_LR in mim and COMMON_LR in a:
+                dn = mim[COMMON_LR]["ct"] / amp_x**2 - a[COMMON_LR]["ct"] / amp_y**2
+                cells.append(_ci(dn, 1.0, 4) + f" ({int((dn < 0).sum())}/{dn.size} lower)")
+            else:
+                cells.append("-")
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     out = os.path.dirname(path)
