@@ -6,7 +6,9 @@ runs sharded over one virtual CPU device per core, `sweep(mesh=runs_mesh())`) an
 sequential `simulate` calls with the same algorithm (its compilation cached after the
 first call; at most `--max-sequential` calls are timed, their rate is the sequential rate).
 Every measurement runs in its own process (peak RSS is process-wide) after one untimed
-warm-up call that compiles; compile seconds are reported apart.
+warm-up call that compiles; compile seconds are reported apart. Each row also gives its
+training GFLOP/s (`train_flops`); with `--ceiling`, the same-run 2048^2 matmul rate bounds
+every ratio: no sweep can beat the sequential rate by more than that peak over its GFLOP/s.
 
 Workloads: `digits` = the default job of `fedjax-sim run` (FedAvg, digits, 100 clients,
 Dirichlet 0.5, MLP 64, cohort 10, 10 local steps of batch 16, evaluation every 20 rounds,
@@ -29,37 +31,62 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def train_flops(model, examples_per_round: int) -> float:
+    """Training FLOPs of one round: forward + backward of every dense kernel, counted as
+    3 x (2 x in x out) per example (forward, weight gradient, input gradient); biases,
+    activations, losses and evaluation are left out."""
+    import jax
+
+    params = model.init(jax.random.key(0))
+    weights = sum(k.size for k in jax.tree.leaves(params) if k.ndim == 2)
+    return 6.0 * weights * examples_per_round
+
+
 def build(workload: str):
-    """`(algorithm, data, test, model, eval spec, rounds per run)`."""
+    """`(algorithm, data, test, model, eval spec, training FLOPs per round)`."""
     from fedjax_sim.simulate import EvalSpec
 
     if workload == "digits":
         from fedjax_sim.cli import RunConfig, build_run
 
-        dataset, model, alg, _ = build_run(RunConfig())
-        return alg, dataset.train, dataset.test, model, EvalSpec(every=20)
+        cfg = RunConfig()
+        dataset, model, alg, _ = build_run(cfg)
+        examples = cfg.cohort_size * cfg.local_steps * cfg.batch_size
+        return (
+            alg,
+            dataset.train,
+            dataset.test,
+            model,
+            EvalSpec(every=20),
+            train_flops(model, examples),
+        )
     from fedjax_sim.bench import workloads
 
     w = workloads.preset("W1").replace(clients=100)
     data = workloads.make_data(w)
+    model = workloads.make_model(w)
     return (
         workloads.make_algorithm(w, data),
         data,
         None,
-        workloads.make_model(w),
+        model,
         EvalSpec(every=1000, clients=False),
+        train_flops(model, w.clients * w.local_steps * w.batch_size),
     )
 
 
 def matmul_ceiling(runs: int) -> dict:
     """The digits job's dominant op, alone: a chain of 100 batched `[L, 16, 64] x [L, 64, 64]`
     matmuls (one hidden layer of a local step, batch 16) for L = 10 lanes (one run's cohort)
-    and L = 10 R (R runs' cohorts), GFLOP/s of each and the same-run 2048^2 matmul peak. The
+    and L = 10 R (R runs' cohorts; also sharded over one device per core when R divides),
+    GFLOP/s of each and the same-run 2048^2 matmul peak. The
     sweep can only beat R sequential runs by the per-op overhead it removes and by any gain
     in this op's efficiency at L = 10 R."""
     import jax
     import jax.numpy as jnp
     from jax import lax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     def best(f, *a, reps=5):
         jax.block_until_ready(f(*a))
@@ -80,6 +107,16 @@ def matmul_ceiling(runs: int) -> dict:
     for lanes, name in ((10, "one_run"), (10 * runs, "R_runs")):
         x, w = jnp.ones((lanes, 16, 64)), jnp.full((lanes, 64, 64), 0.01)
         row[f"{name}_gflops"] = 100 * 2 * lanes * 16 * 64 * 64 / best(chain, x, w) / 1e9
+    n = len(jax.devices())
+    if n > 1 and runs % n == 0:  # the same chain with the lanes sharded over the cores
+        mesh = jax.make_mesh((n,), ("lanes",))
+        shard = NamedSharding(mesh, P("lanes"))
+        sharded = jax.jit(
+            jax.shard_map(chain, mesh=mesh, in_specs=P("lanes"), out_specs=P("lanes"))
+        )
+        x = jax.device_put(jnp.ones((10 * runs, 16, 64)), shard)
+        w = jax.device_put(jnp.full((10 * runs, 64, 64), 0.01), shard)
+        row["R_runs_cores_gflops"] = 100 * 2 * 10 * runs * 16 * 64 * 64 / best(sharded, x, w) / 1e9
     return row
 
 
@@ -98,7 +135,7 @@ def measure(workload: str, runs: int, mode: str, rounds: int, max_seq: int) -> d
             **matmul_ceiling(runs),
             "load_avg_1m": os.getloadavg()[0],
         }
-    alg, train, test, model, spec = build(workload)
+    alg, train, test, model, spec, flops = build(workload)
     make = lambda hp: alg  # noqa: E731  one object: the compilation is reused
     if mode == "sequential":
         calls = min(runs, max_seq)
@@ -152,6 +189,7 @@ def measure(workload: str, runs: int, mode: str, rounds: int, max_seq: int) -> d
         "timed_runs": calls,
         "seconds": seconds,
         "runs_per_s": calls / seconds,
+        "train_gflops": calls * rounds * flops / seconds / 1e9,
         "warmup_s": first,
         "runs_per_group": getattr(go, "group", None),
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
@@ -201,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                     str(args.max_sequential),
                 ]
                 env = {**os.environ, "PYTHONPATH": ROOT}
-                if mode == "sweep-cores":  # one virtual CPU device per core, runs sharded
+                if mode in ("sweep-cores", "matmul"):  # one virtual CPU device per core
                     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={os.cpu_count()}"
                 out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
                 if out.returncode != 0:
@@ -214,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"{w:7s} R={r:3d} matmul      peak {row['peak_gflops']:.0f} GFLOP/s; "
                         f"[L,16,64]x[L,64,64] chain: L=10 {row['one_run_gflops']:.1f}, "
-                        f"L={10 * r} {row['R_runs_gflops']:.1f} GFLOP/s  "
+                        f"L={10 * r} {row['R_runs_gflops']:.1f}, "
+                        f"sharded {row.get('R_runs_cores_gflops', float('nan')):.1f} GFLOP/s "
                         f"load {row['load_avg_1m']:.1f}",
                         flush=True,
                     )
@@ -226,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"{w:7s} R={r:3d} {mode:11s} {row['runs_per_s']:8.3f} runs/s "
                         f"(x{row.get('speedup_vs_sequential', 1.0):.2f}) "
+                        f"{row['train_gflops']:5.1f} GFLOP/s "
                         f"group={row['runs_per_group']} warm-up {row['warmup_s']:.1f} s  "
                         f"peak RSS {row['peak_rss_gib']:.2f} GiB  load {row['load_avg_1m']:.1f}",
                         flush=True,

@@ -315,16 +315,36 @@ class LocalResult(NamedTuple):
     steps: jax.Array  # executed steps
 
 
+# Local training draws at most this many with-replacement minibatch indices per client before
+# its scan (one threefry call instead of one per step; on XLA:CPU each is a rolled loop whose
+# per-step overhead dominated small rounds); longer local runs draw per step. Same values.
+PREDRAW_LIMIT = 4096
+
+
+def replacement_indices(
+    key: PRNGKey, step: jax.Array, count: jax.Array, batch_size: int
+) -> jax.Array:
+    """Local step `step`'s minibatch indices `[batch_size]`, uniform with replacement over
+    the client's `count` examples."""
+    step_key = jax.random.fold_in(jax.random.fold_in(key, 0), step)
+    return jax.random.randint(step_key, (batch_size,), 0, jnp.maximum(count, 1))
+
+
 def minibatch(
-    client: ClientData, key: PRNGKey, step: jax.Array, batch_size: int, sampling: Sampling
+    client: ClientData,
+    key: PRNGKey,
+    step: jax.Array,
+    batch_size: int,
+    sampling: Sampling,
+    indices: jax.Array | None = None,
 ) -> Batch:
-    """The minibatch of local step `step` of one client (padding rows masked out)."""
+    """The minibatch of local step `step` of one client (padding rows masked out);
+    `indices` `[batch_size]`: the step's `replacement_indices`, if already drawn."""
     n_max, n = client.x.shape[0], client.count
     if sampling == "full":
         return Batch(client.x, client.y, (jnp.arange(n_max) < n).astype(jnp.float32))
     if sampling == "replacement":
-        step_key = jax.random.fold_in(jax.random.fold_in(key, 0), step)
-        idx = jax.random.randint(step_key, (batch_size,), 0, jnp.maximum(n, 1))
+        idx = replacement_indices(key, step, n, batch_size) if indices is None else indices
         mask = jnp.full((batch_size,), n > 0, jnp.float32)
     else:
         if sampling == "epoch":
@@ -386,9 +406,17 @@ def local_train(
     opt_state = optimizer.init(params) if opt_state is None else to_varying(opt_state)
     masked = num_steps is not None
 
-    def body(carry, step):
+    steps = jnp.arange(max_steps)
+    predraw = sampling == "replacement" and max_steps * batch_size <= PREDRAW_LIMIT
+    if predraw:  # [max_steps, batch_size]
+        draws = jax.vmap(lambda k: replacement_indices(key, k, client.count, batch_size))(steps)
+    else:
+        draws = jnp.zeros((max_steps, 0), jnp.int32)
+
+    def body(carry, xs):
+        step, indices = xs
         p, s, a, loss_sum = carry
-        batch = minibatch(client, key, step, batch_size, sampling)
+        batch = minibatch(client, key, step, batch_size, sampling, indices if predraw else None)
         loss, direction, new_a = grad_fn(value_and_grad, p, batch, a)
         updates, new_s = optimizer.update(direction, s, p)
         new_p = optax.apply_updates(p, updates)
@@ -402,9 +430,9 @@ def local_train(
         return (new_p, new_s, new_a, loss_sum + loss.astype(loss_sum.dtype)), None
 
     init = (params, opt_state, aux, to_varying(jnp.zeros(())))
-    (params, opt_state, aux, loss_sum), _ = lax.scan(body, init, jnp.arange(max_steps))
-    steps = jnp.asarray(max_steps, jnp.int32) if num_steps is None else num_steps
-    return LocalResult(params, opt_state, aux, loss_sum / jnp.maximum(steps, 1), steps)
+    (params, opt_state, aux, loss_sum), _ = lax.scan(body, init, (steps, draws))
+    executed = jnp.asarray(max_steps, jnp.int32) if num_steps is None else num_steps
+    return LocalResult(params, opt_state, aux, loss_sum / jnp.maximum(executed, 1), executed)
 
 
 # ------------------------------------------------------------------------------ aggregation

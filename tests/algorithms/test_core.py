@@ -72,6 +72,43 @@ def test_replacement_sampling_stays_within_count():
     assert len(np.unique(ids)) == 5
 
 
+def test_replacement_indices_drawn_before_the_scan_are_the_per_step_stream(monkeypatch):
+    """Short local runs draw every step's indices before the scan (`PREDRAW_LIMIT`); the
+    values are step k's `randint(fold_in(fold_in(key, 0), k))` either way, so the trained
+    model is bitwise the one of per-step draws."""
+    from fedjax_sim.algorithms import core
+
+    client, key, steps, bs = _client(7, 12), jax.random.key(3), 5, 4
+    expected = np.stack(
+        [
+            jax.random.randint(jax.random.fold_in(jax.random.fold_in(key, 0), k), (bs,), 0, 7)
+            for k in range(steps)
+        ]
+    )
+    assert steps * bs <= core.PREDRAW_LIMIT
+    ids, _ = _record_batches(client, key, steps, "replacement", bs)
+    np.testing.assert_array_equal(ids, expected)
+    problem = least_squares(num_clients=1, examples_per_client=[9], dim=3)
+    model = linear_regression(3)
+
+    def train():
+        return local_train(
+            {"w": jnp.array([0.5, -0.5, 1.0])},
+            problem.data.client(0),
+            key,
+            loss_fn=model.loss,
+            optimizer=optax.sgd(0.05, momentum=0.9),
+            max_steps=steps,
+            batch_size=bs,
+        ).params["w"]
+
+    predrawn = jax.jit(train)()
+    monkeypatch.setattr(core, "PREDRAW_LIMIT", 0)
+    ids, _ = _record_batches(client, key, steps, "replacement", bs)
+    np.testing.assert_array_equal(ids, expected)
+    np.testing.assert_array_equal(jax.jit(train)(), predrawn)
+
+
 def test_fixed_sampling_reuses_one_batch_of_distinct_examples():
     ids, mask = _record_batches(_client(9, 12), jax.random.key(2), 4, "fixed", 6)
     assert (ids == ids[0]).all()
