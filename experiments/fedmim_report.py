@@ -66,10 +66,31 @@ def seed_arrays(runs: list[dict]) -> dict[float, dict[str, np.ndarray]]:
     return {lr: {k: np.asarray(v, np.float64) for k, v in d.items()} for lr, d in out.items()}
 
 
-def seeds_report(path: str) -> str:
+def merged(paths: list[str]) -> dict:
+    """The sweeps of one partition (`sweep_dir<alpha>.json` and grid extensions
+    `sweep_dir<alpha>_<tag>.json`, same setting, other lrs) as one: runs and grids joined per
+    method, seconds summed."""
+    blob = json.load(open(paths[0]))
+    for path in paths[1:]:
+        more = json.load(open(path))
+        keep = ("dirichlet", "rounds", "local_steps", "cohort", "clients", "per_client", "test")
+        assert all(more["config"][k] == blob["config"][k] for k in keep), path
+        for m, v in more["methods"].items():
+            if m not in blob["methods"]:
+                blob["methods"][m] = {"seconds": 0.0, "runs": []}
+                blob["grids"][m] = []
+            blob["methods"][m]["runs"] += v["runs"]
+            blob["methods"][m]["seconds"] += v["seconds"]
+            blob["grids"][m] = sorted(set(blob["grids"][m]) | set(more["grids"][m]))
+    blob["files"] = [os.path.basename(p) for p in paths]
+    return blob
+
+
+def seeds_report(paths: list[str]) -> str:
     """Tables (lr grid; selected lr per method; FedMIM minus each baseline, paired) and the
-    mean +- 95% CI curves of one `sweep_dir*.json`."""
-    blob = json.load(open(path))
+    mean +- 95% CI curves of the `sweep_dir<alpha>*.json` files of one partition."""
+    blob = merged(paths)
+    path = paths[0]
     name = os.path.basename(path)[len("sweep_") : -len(".json")]
     cfg = blob["config"]
     arr = {m: seed_arrays(v["runs"]) for m, v in blob["methods"].items()}
@@ -83,7 +104,8 @@ def seeds_report(path: str) -> str:
         f"of B = {cfg['batch_size']}, lr x {cfg['lr_decay']}^t, {cfg['rounds']} rounds, test "
         f"accuracy on {cfg['test']} test images. Final = last evaluation (round "
         f"{cfg['rounds']}), best = max over the evaluations every {cfg['eval_every']} rounds; "
-        f"C_t = mean over the last {WINDOW} rounds. Mean +- std (ddof 1) over seeds.",
+        f"C_t = mean over the last {WINDOW} rounds. Mean +- std (ddof 1) over seeds. "
+        f"Files: {', '.join(blob['files'])}.",
         "",
         "## Every grid point (selected lr marked *)",
         "",
@@ -190,8 +212,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", action="store_true", help="report the sweep_dir*.json files")
     if ap.parse_args().seeds:
+        groups: dict[str, list[str]] = {}  # per partition: the main sweep first, extensions
         for path in sorted(glob.glob(os.path.join(DIR, "sweep_dir*.json"))):
-            print(seeds_report(path))
+            groups.setdefault(os.path.basename(path)[6:-5].split("_")[0], []).append(path)
+        for paths in groups.values():
+            print(seeds_report(paths))
         return
     files = sorted(glob.glob(os.path.join(DIR, "dir*.json")))
     results = {os.path.basename(f)[3:-5]: json.load(open(f)) for f in files}
