@@ -109,19 +109,20 @@ def seeds_report(paths: list[str]) -> str:
         "",
         "## Every grid point (selected lr marked *)",
         "",
-        "| method | lr | n | final acc (%) | best acc (%) | C_t | C_t / A^2 | diverged runs "
-        "| s (method) |",
+        "| method | lr | n | final acc (%) | best acc (%) | C_t | C_t / A^2 | runs at chance "
+        "(non-finite) | s (method) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m, a in arr.items():
         for lr, d in a.items():
-            bad = sum(r["nonfinite_round"] is not None for r in blob["methods"][m]["runs"]
-                      if r["lr"] == lr)  # fmt: skip
+            runs = [r for r in blob["methods"][m]["runs"] if r["lr"] == lr]
+            bad = sum(r["nonfinite_round"] is not None for r in runs)
+            chance = sum(r["accuracy"][-1] < 0.15 for r in runs)  # 10 classes: 0.10
             mark = "*" if lr == chosen[m] else ""
             lines.append(
                 f"| {m} | {lr:g}{mark} | {d['final'].size} | {_fmt(d['final'])} | "
                 f"{_fmt(d['best'])} | {_fmt(d['ct'], 1, 4)} | "
-                f"{_fmt(d['ct'] / DAMPING.get(m, 1.0) ** 2, 1, 4)} | {bad} | "
+                f"{_fmt(d['ct'] / DAMPING.get(m, 1.0) ** 2, 1, 4)} | {chance} ({bad}) | "
                 f"{blob['methods'][m]['seconds']:.0f} |"
             )
     ref = arr["FedAvg"][chosen["FedAvg"]]["ct"] if "FedAvg" in arr else None
