@@ -21,6 +21,15 @@ Usage (one partition per invocation; `nice` on a shared machine):
     PYTHONPATH=. nice -n 10 python experiments/fedmim_fmnist.py --dirichlet 0.6
     PYTHONPATH=. python experiments/fedmim_report.py      # curves + markdown table
 Writes experiments/results/fedmim/dir<alpha>.json.
+
+With `--seeds N` every method is one `fedjax_sim.sweep.sweep` over its client-lr grid
+(`--grid`, per method `--method-grid NAME=a,b,c`) x seeds 0..N-1 (one compiled program; a
+seed changes the initial model and the cohort / minibatch draws, the partition is seed
+0's). Writes `results/fedmim/sweep_dir<alpha><tag>.json` (every run's accuracy and C_t
+curves) and the sweep engine's output per method under `results/fedmim/sweep_dir<alpha><tag>/`;
+`fedmim_report.py` selects each method's lr and writes the paired tables. With several
+devices (`XLA_FLAGS=--xla_force_host_platform_device_count=2`: one per CPU core) the runs are
+sharded over them (`sweep.runs_mesh`).
 """
 
 from __future__ import annotations
@@ -47,8 +56,9 @@ from fedjax_sim.data import pack
 from fedjax_sim.data.federated import ArrayData
 from fedjax_sim.data.idx import read_fashion_mnist
 from fedjax_sim.models import cnn
-from fedjax_sim.schedules import client_sgd, round_decay
-from fedjax_sim.simulate import evaluate_central
+from fedjax_sim.schedules import round_decay
+from fedjax_sim.simulate import EvalSpec, evaluate_central
+from fedjax_sim.sweep import runs_mesh, sweep
 
 ALGORITHMS = ("FedAvg", "FedAdam", "SCAFFOLD", "FedCM", "FedDyn", "FedSAM", "FedMIM")
 OUT_DIR = os.path.join(os.path.dirname(__file__), "results", "fedmim")
@@ -81,8 +91,8 @@ def make_algorithm(name, loss, num_clients, args):
         local=LocalSpec(steps=args.local_steps, batch_size=args.batch_size, sampling="epoch"),
         cohort=CohortSpec(size=args.cohort, weighting="uniform"),
     )
-    if name == "FedAvg":
-        return fedavg(loss, client_optimizer=client_sgd(lr), **common)
+    if name == "FedAvg":  # a schedule is optax.sgd(lr(t)), as client_sgd(lr) (traceable lr)
+        return fedavg(loss, client_optimizer=lr, **common)
     if name == "FedAdam":
         return fedadam_reddi(loss, server_optimizer=0.1, client_optimizer=lr, **common)
     if name == "SCAFFOLD":
@@ -121,6 +131,64 @@ def run_one(alg, model, data, test, args):
     return dict(rounds=rounds, accuracy=acc, consistency=consistency, train_loss=loss)
 
 
+def method_grids(args) -> dict[str, list[float]]:
+    """Client-lr grid per method: `--grid` (default: `--lr`), replaced by `--method-grid`."""
+    grids = {m: list(args.grid or [args.lr]) for m in args.algorithms}
+    for item in args.method_grid:
+        name, _, values = item.partition("=")
+        if name not in grids:
+            raise SystemExit(f"--method-grid: unknown method {name!r}, one of {args.algorithms}")
+        grids[name] = [float(v) for v in values.split(",")]
+    return grids
+
+
+def run_sweeps(args, model, data, test, results) -> None:
+    """`--seeds N`: one lr-grid x seeds `sweep` per method (see the module doc)."""
+    grids = method_grids(args)
+    stem = f"sweep_dir{args.dirichlet:g}{args.tag}"
+    out = args.out or os.path.join(OUT_DIR, f"{stem}.json")
+    results.update(grids=grids, methods={})
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    for name in args.algorithms:
+
+        def make(hp, name=name):  # the lr is traced: one program for the grid and the seeds
+            return make_algorithm(name, model.loss, args.clients, argparse.Namespace(
+                **{**vars(args), "lr": hp["lr"]}))  # fmt: skip
+
+        t0 = time.perf_counter()
+        res = sweep(
+            make, data, seeds=args.seeds, grid={"lr": grids[name]}, model=model,
+            num_rounds=args.rounds, test=test, progress=False, meta={"algorithm": name},
+            mesh=runs_mesh() if jax.device_count() > 1 else None,
+            evaluation=EvalSpec(every=args.eval_every, clients=False),
+        )  # fmt: skip
+        seconds = time.perf_counter() - t0
+        res.save(os.path.join(os.path.dirname(out), stem, name))
+        results["methods"][name] = {
+            "seconds": round(seconds, 1),
+            "runs": [
+                {
+                    "lr": r.hparams["lr"],
+                    "seed": r.seed,
+                    "rounds": h.eval_series("test_accuracy")[0].tolist(),
+                    "accuracy": h.eval_series("test_accuracy")[1].tolist(),
+                    "consistency": np.asarray(h.metrics["consistency"], np.float64).tolist(),
+                    "train_loss": np.asarray(h.metrics["train_loss"], np.float64).tolist(),
+                    "nonfinite_round": h.meta.get("nonfinite_round"),
+                }
+                for r, h in zip(res.runs, res.histories, strict=True)
+            ],
+        }
+        for row in res.summary("test_accuracy"):
+            acc = f"{100 * row['mean']:.2f} +- {100 * row['std']:.2f} (n = {row['n']})"
+            print(
+                f"Dir({args.dirichlet:g}) {name:8s} lr {row['lr']:g}: final acc {acc}", flush=True
+            )
+        print(f"Dir({args.dirichlet:g}) {name}: {seconds:.0f} s", flush=True)
+        with open(out, "w") as f:  # after every method: partial results survive
+            json.dump(results, f)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dirichlet", type=float, default=0.1)
@@ -139,6 +207,10 @@ def main() -> None:
     p.add_argument("--test", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
+    p.add_argument("--seeds", type=int, default=None, help="N seeds with fedjax_sim.sweep")
+    p.add_argument("--grid", type=float, nargs="+", default=None, help="client lrs (--seeds)")
+    p.add_argument("--method-grid", nargs="*", default=[], metavar="METHOD=a,b,c")
+    p.add_argument("--tag", default="", help="suffix of the --seeds output names")
     args = p.parse_args()
 
     x, y, x_test, y_test = read_fashion_mnist()
@@ -154,6 +226,8 @@ def main() -> None:
         jax=jax.__version__,
         runs={},
     )
+    if args.seeds is not None:
+        return run_sweeps(args, model, data, test, results)
     out = args.out or os.path.join(OUT_DIR, f"dir{args.dirichlet}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     for name in args.algorithms:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 
+import jax
 import numpy as np
 
 from fedjax_sim.algorithms import (
@@ -28,7 +29,7 @@ from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
 from fedjax_sim.dro import plot_worst_vs_average
 from fedjax_sim.history import History
 from fedjax_sim.simulate import EvalSpec
-from fedjax_sim.sweep import sweep
+from fedjax_sim.sweep import runs_mesh, sweep
 
 METHODS = (
     "FedAvg",
@@ -100,29 +101,50 @@ def build(name: str, loss, n: int, hp: dict):
     raise ValueError(f"unknown method {name!r}")
 
 
-def run_all(methods, seeds, *, data, test, model, rounds, every, extra, hp, out_path, worst, mean):
-    """Runs every (method, seed): one seeds-only `fedjax_sim.sweep.sweep` per method (run r
-    = `simulate` with key(seed_r)); appends rows to the JSON file `out_path` as it goes
-    (`seconds` of a row: the method's sweep time / number of seeds)."""
+ADAM_LR = ("FGDRO-KL-Adam", "LocalAdam")  # step size `adam_lr`; the others' is `lr`
+
+
+def lr_key(name: str) -> str:
+    """The hp entry holding `name`'s (client) step size."""
+    return "adam_lr" if name in ADAM_LR else "lr"
+
+
+def run_all(
+    methods, seeds, *, data, test, model, rounds, every, extra, hp, out_path, worst, mean,
+    grids=None, worst_loss=None,
+):  # fmt: skip
+    """Runs every (method, seed): one `fedjax_sim.sweep.sweep` per method (run r =
+    `simulate` with key(seed_r)), over seeds only or, with `grids[name]` (step sizes), over
+    that method's step-size grid x seeds (the step size traced: one compiled program);
+    appends rows (with the row's `lr`) to the JSON file `out_path` as it goes (`seconds` of a
+    row: the method's sweep time / its number of runs). `worst_loss`: an evaluation metric
+    whose curve is kept too (`curve_worst_loss`). With several devices (e.g.
+    `XLA_FLAGS=--xla_force_host_platform_device_count=2`) the runs are sharded over them."""
     rows = []
     seeds = [int(s) for s in seeds]
     for name in methods:
+        grid = (grids or {}).get(name)
         alg = build(name, model.loss, data.num_clients, hp)
 
-        def make(hparams, alg=alg):  # one compiled program for all seeds of the method
-            return alg
+        def make(hparams, alg=alg, name=name):  # one compiled program for all runs
+            if "lr" not in hparams:
+                return alg
+            return build(name, model.loss, data.num_clients, {**hp, lr_key(name): hparams["lr"]})
 
         t0 = time.perf_counter()
         res = sweep(
             make, data, seeds=seeds, model=model, num_rounds=rounds, test=test,
+            grid={"lr": list(grid)} if grid else None,
+            mesh=runs_mesh() if jax.device_count() > 1 else None,
             evaluation=EvalSpec(every=every, clients=False, extra=extra), progress=False,
         )  # fmt: skip
-        seconds = (time.perf_counter() - t0) / len(seeds)
+        seconds = (time.perf_counter() - t0) / len(res.runs)
         for run, hist in zip(res.runs, res.histories, strict=True):
             final = hist.final()
             row = {
                 "method": name,
                 "seed": run.seed,
+                "lr": run.hparams.get("lr", hp[lr_key(name)]),
                 "seconds": seconds,
                 "worst": final[worst],
                 "mean": final[mean],
@@ -130,15 +152,18 @@ def run_all(methods, seeds, *, data, test, model, rounds, every, extra, hp, out_
                 "curve_rounds": hist.eval_series(worst)[0].tolist(),
                 "curve_worst": hist.eval_series(worst)[1].tolist(),
                 "curve_mean": hist.eval_series(mean)[1].tolist(),
+                "nonfinite_round": hist.meta.get("nonfinite_round"),
             }
+            if worst_loss:
+                row["curve_worst_loss"] = hist.eval_series(worst_loss)[1].tolist()
             rows.append(row)
             print(
-                f"{name:14s} seed {run.seed}: worst {row['worst']:.4f} mean {row['mean']:.4f} "
-                f"({row['seconds']:.0f} s)",
+                f"{name:14s} lr {row['lr']:<7g} seed {run.seed}: worst {row['worst']:.4f} "
+                f"mean {row['mean']:.4f} ({row['seconds']:.0f} s)",
                 flush=True,
             )
         with open(out_path, "w") as f:
-            json.dump({"hparams": hp, "rows": rows}, f, indent=1)
+            json.dump({"hparams": hp, "grids": grids, "rows": rows}, f, indent=1)
     return rows
 
 
@@ -146,17 +171,23 @@ def _std(v: np.ndarray) -> float:
     return float(v.std(ddof=1)) if v.size > 1 else 0.0
 
 
+def _lrs(rows, name: str) -> list:
+    """The step sizes of `name`'s rows, ascending (`[None]` for rows without one)."""
+    return sorted({r.get("lr") for r in rows if r["method"] == name}, key=lambda v: v or 0.0)
+
+
 def table(rows, methods, worst_loss: str | None = None) -> str:
     """Markdown table: mean (std, ddof 1) over seeds of the final worst and average metric,
     and of `final[worst_loss]` (the worst-group loss) when given."""
     head = "| method | worst | average |" + (" worst loss |" if worst_loss else "")
     lines = [head, "|---|---|---|" + ("---|" if worst_loss else "")]
-    for name in methods:
-        sel = [r for r in rows if r["method"] == name]
+    for name, lr in [(n, lr) for n in methods for lr in _lrs(rows, n)]:
+        sel = [r for r in rows if r["method"] == name and r.get("lr") == lr]
+        label = name if len(_lrs(rows, name)) == 1 else f"{name} (lr {lr:g})"
         w = np.array([r["worst"] for r in sel])
         m = np.array([r["mean"] for r in sel])
         if w.size:
-            line = f"| {name} | {w.mean():.4f} ({_std(w):.4f}) | {m.mean():.4f} ({_std(m):.4f}) |"
+            line = f"| {label} | {w.mean():.4f} ({_std(w):.4f}) | {m.mean():.4f} ({_std(m):.4f}) |"
             if worst_loss:
                 v = np.array([r["final"][worst_loss] for r in sel])
                 line += f" {v.mean():.4f} ({_std(v):.4f}) |"

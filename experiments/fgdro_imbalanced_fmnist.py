@@ -18,6 +18,11 @@ Usage:
     PYTHONPATH=. nice -n 10 python experiments/fgdro_imbalanced_fmnist.py --alpha 0.3
     PYTHONPATH=. nice -n 10 python experiments/fgdro_imbalanced_fmnist.py --alpha 10
 Writes experiments/results/fgdro/fmnist_dir{alpha}.{json,png}.
+
+Per-method step-size grids (the paper tunes the initial step size per method in
+{1e-4, 1e-3, 1e-2, 1e-1}): `--grid` for the SGD-step methods, `--adam-grid` for FGDRO-KL-Adam
+and LocalAdam, `--method-grid NAME=a,b,c` per method; each method is then one sweep over its
+grid x `--seeds` (rows carry their `lr`); `fgdro_report.py --seeds FILE` selects per method.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import json
 import os
 
 import numpy as np
-from fgdro_common import METHODS, plot_rows, run_all, table
+from fgdro_common import ADAM_LR, METHODS, plot_rows, run_all, table
 
 from fedjax_sim.data.builtin import read_fashion_mnist
 from fedjax_sim.data.dataset import federate
@@ -51,13 +56,25 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--methods", nargs="*", default=[m for m in METHODS if m not in SKIPPED])
+    p.add_argument("--local-steps", type=int, default=4, help="I")
+    p.add_argument("--batch-size", type=int, default=8, help="B")
+    p.add_argument("--every", type=int, default=10, help="rounds between evaluations")
+    p.add_argument("--grid", type=float, nargs="*", default=None, help="lrs of the SGD methods")
+    p.add_argument(
+        "--adam-grid", type=float, nargs="*", default=None, help="lrs of " + str(ADAM_LR)
+    )
+    p.add_argument("--method-grid", nargs="*", default=[], metavar="METHOD=a,b,c")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     out = args.out or os.path.join(OUT, f"fmnist_dir{args.alpha:g}.json")
+    grids = {m: args.adam_grid if m in ADAM_LR else args.grid for m in args.methods}
+    grids.update({k: [float(v) for v in vs.split(",")] for k, _, vs in
+                  (item.partition("=") for item in args.method_grid)})  # fmt: skip
+    grids = {m: g for m, g in grids.items() if g} or None
     hp = dict(
-        I=4, B=8, lr=0.05, adam_lr=0.001, prox_mu=0.01, fedadam_server_lr=0.01,
-        drfa_gamma=0.002, dr_dsgd_temperature=2.0, K=20, kl_temperature=1.0, beta=0.1,
-        alpha=args.alpha,
+        I=args.local_steps, B=args.batch_size, lr=0.05, adam_lr=0.001, prox_mu=0.01,
+        fedadam_server_lr=0.01, drfa_gamma=0.002, dr_dsgd_temperature=2.0, K=20,
+        kl_temperature=1.0, beta=0.1, alpha=args.alpha,
     )  # fmt: skip
     x, y, xt, yt = read_fashion_mnist()
     ds = federate(
@@ -85,18 +102,22 @@ def main() -> None:
         test=ds.test,
         model=model,
         rounds=args.rounds,
-        every=10,
+        every=args.every,
         extra=extra,
         hp=hp,
         out_path=out,
         worst="test_classes_accuracy_worst",
         mean="test_accuracy",
+        grids=grids,
+        worst_loss="test_classes_loss_worst",
     )
     print(table(rows, args.methods, worst_loss="test_classes_loss_worst"))
-    plot_rows(
-        rows, out.replace(".json", ".png"),
-        title=f"imbalanced Fashion-MNIST, Dir({args.alpha:g}), 100 clients: worst-class / test acc",
-    )  # fmt: skip
+    if grids is None:  # with step-size grids: fgdro_report.py --seeds plots the selected lrs
+        plot_rows(
+            rows, out.replace(".json", ".png"),
+            title=f"imbalanced Fashion-MNIST, Dir({args.alpha:g}), 100 clients: "
+            "worst-class / test acc",
+        )  # fmt: skip
     with open(out) as f:
         blob = json.load(f)
     blob["table"] = table(rows, args.methods, worst_loss="test_classes_loss_worst")
