@@ -407,16 +407,14 @@ def local_train(
     masked = num_steps is not None
 
     steps = jnp.arange(max_steps)
-    predraw = sampling == "replacement" and max_steps * batch_size <= PREDRAW_LIMIT
-    if predraw:  # [max_steps, batch_size]
+    draws = None  # [max_steps, batch_size] when drawn before the scan
+    if sampling == "replacement" and max_steps * batch_size <= PREDRAW_LIMIT:
         draws = jax.vmap(lambda k: replacement_indices(key, k, client.count, batch_size))(steps)
-    else:
-        draws = jnp.zeros((max_steps, 0), jnp.int32)
 
-    def body(carry, xs):
-        step, indices = xs
+    def body(carry, step):
         p, s, a, loss_sum = carry
-        batch = minibatch(client, key, step, batch_size, sampling, indices if predraw else None)
+        indices = None if draws is None else draws[step]
+        batch = minibatch(client, key, step, batch_size, sampling, indices)
         loss, direction, new_a = grad_fn(value_and_grad, p, batch, a)
         updates, new_s = optimizer.update(direction, s, p)
         new_p = optax.apply_updates(p, updates)
@@ -430,7 +428,7 @@ def local_train(
         return (new_p, new_s, new_a, loss_sum + loss.astype(loss_sum.dtype)), None
 
     init = (params, opt_state, aux, to_varying(jnp.zeros(())))
-    (params, opt_state, aux, loss_sum), _ = lax.scan(body, init, (steps, draws))
+    (params, opt_state, aux, loss_sum), _ = lax.scan(body, init, steps)
     executed = jnp.asarray(max_steps, jnp.int32) if num_steps is None else num_steps
     return LocalResult(params, opt_state, aux, loss_sum / jnp.maximum(executed, 1), executed)
 
