@@ -9,7 +9,8 @@ in every run, uploaded MB per run) into the results folder. The multi-seed sweep
 accuracy / training loss, mean +- std and 95% CI over seeds, n), `paired_seeds.md` (paired
 differences of the final test accuracy by seed: EF-X minus X with the same solver, and FedProx
 / EF-FedProx minus FedAvg, for every schedule, K and split run with both) and
-`curves_seeds.png` (mean test accuracy with its 95% CI band per split).
+`curves_seeds.png` (mean test accuracy with its 95% CI band per split; one row per schedule
+and local steps T / batch size).
 """
 
 from __future__ import annotations
@@ -112,18 +113,20 @@ def load_sweeps(directory: str) -> dict[str, dict]:
 
 def seeds_table(sweeps: dict[str, dict]) -> str:
     lines = [
-        "| run | K | split | algorithm | n | final test acc % (mean +- std) | 95% CI "
-        "| final train loss (mean +- std) | runs at chance (acc < 11%) | s |",
-        "|---|---:|---|---|---:|---:|---|---:|---:|---:|",
+        "| run | K | T | batch | split | algorithm | n | final test acc % (mean +- std) "
+        "| 95% CI | final train loss (mean +- std) | runs at chance (acc < 11%) | s |",
+        "|---|---:|---:|---:|---|---|---:|---:|---|---:|---:|---:|",
     ]
     for name, res in sweeps.items():
+        cfg = res["config"]
         for key, c in res["cells"].items():
             alg, part = key.split("|")
             acc = np.array([r["test_accuracy"][-1] for r in c["runs"]])
             loss = np.array([r["train_loss"][-1] for r in c["runs"]])
             mean, half, std = mean_ci(acc)
             lines.append(
-                f"| {name} | {res['config']['rounds']} | {part} | {alg} | {acc.size} | "
+                f"| {name} | {cfg['rounds']} | {cfg['local_steps']} | {cfg['batch_size']} | "
+                f"{part} | {alg} | {acc.size} | "
                 f"{100 * mean:.1f} +- {100 * std:.1f} | [{100 * (mean - half):.1f}, "
                 f"{100 * (mean + half):.1f}] | {loss.mean():.3f} +- {loss.std(ddof=1):.3f} | "
                 f"{int(np.sum(acc < 0.11))} | {c['seconds']:.0f} |"
@@ -159,9 +162,9 @@ def paired_table(sweeps: dict[str, dict]) -> str:
             if ef or prox:
                 pairs.append((a, b))
     lines = [
-        "| schedule | K | split | A | B | A's solver | n | A - B, points (mean +- std) "
-        "| 95% CI | seeds with A < B | A / B runs |",
-        "|---|---:|---|---|---|---|---:|---:|---|---:|---|",
+        "| schedule | K | T | batch | split | A | B | A's solver | n "
+        "| A - B, points (mean +- std) | 95% CI | seeds with A < B | A / B runs |",
+        "|---|---:|---:|---:|---|---|---|---|---:|---:|---|---:|---|",
     ]
     order = {p: i for i, p in enumerate(PARTITIONS)}
     pairs.sort(key=lambda ab: (ab[0][0], order[ab[0][1]], ab[0][2], ab[1][2], ab[0][3]))
@@ -169,9 +172,9 @@ def paired_table(sweeps: dict[str, dict]) -> str:
         seeds = sorted(set(a[5]) & set(b[5]))
         d = 100 * np.array([a[5][s] - b[5][s] for s in seeds])
         mean, half, std = mean_ci(d)
-        sched, k = a[0][:2]
+        sched, k, t, batch = a[0]
         lines.append(
-            f"| {sched} | {k} | {a[1]} | {a[2]} | {b[2]} | {a[3]} | {d.size} | "
+            f"| {sched} | {k} | {t} | {batch} | {a[1]} | {a[2]} | {b[2]} | {a[3]} | {d.size} | "
             f"{mean:+.1f} +- {std:.1f} | [{mean - half:+.1f}, {mean + half:+.1f}] | "
             f"{int(np.sum(d < 0))} of {d.size} | {a[4]} / {b[4]} |"
         )
@@ -179,14 +182,20 @@ def paired_table(sweeps: dict[str, dict]) -> str:
 
 
 def plot_seeds(sweeps: dict[str, dict], path: str) -> None:
-    """One row per schedule, one panel per split; one colour per (run, algorithm) everywhere."""
-    scheds = [x for x in SCHEDULES if any(r["config"]["schedule"] == x for r in sweeps.values())]
-    fig, axes = plt.subplots(len(scheds), 3, figsize=(13, 3.6 * len(scheds)), squeeze=False)
+    """One row per schedule and (T, batch), one panel per split; one colour per (run,
+    algorithm) everywhere."""
+
+    def row_of(cfg: dict) -> tuple:
+        return SCHEDULES.index(cfg["schedule"]), cfg["local_steps"], cfg["batch_size"]
+
+    rows = sorted({row_of(r["config"]) for r in sweeps.values()})
+    fig, axes = plt.subplots(len(rows), 3, figsize=(13, 3.6 * len(rows)), squeeze=False)
     labels = sorted({(name, key.split("|")[0]) for name, r in sweeps.items() for key in r["cells"]})
     cmap = plt.get_cmap("tab20")
     colors = {lab: cmap(i % 20) for i, lab in enumerate(labels)}
     for name, res in sweeps.items():
-        row = scheds.index(res["config"]["schedule"])
+        cfg = res["config"]
+        row = rows.index(row_of(cfg))
         for key, c in res["cells"].items():
             alg, part = key.split("|")
             ax = axes[row, PARTITIONS.index(part)]
@@ -199,11 +208,16 @@ def plot_seeds(sweeps: dict[str, dict], path: str) -> None:
             ax.plot(rounds, mean, marker=".", color=color, label=label)
             ax.fill_between(rounds, mean - half, mean + half, color=color, alpha=0.2)
             ax.set_title(
-                f"{res['config']['schedule']}, {part}: test accuracy, mean and 95% CI", fontsize=9
+                f"{cfg['schedule']}, T = {cfg['local_steps']}, batch {cfg['batch_size']}, "
+                f"{part}: test accuracy, mean and 95% CI",
+                fontsize=9,
             )
             ax.set_xlabel("round")
     for ax in axes.flat:
-        ax.legend(fontsize=6)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
+        else:
+            ax.set_axis_off()  # a split not run at this row's setting
     fig.tight_layout()
     fig.savefig(path, dpi=80)
 
