@@ -209,7 +209,7 @@ def plot_seeds(sweeps: dict[str, dict], path: str) -> None:
             ax.fill_between(rounds, mean - half, mean + half, color=color, alpha=0.2)
             ax.set_title(
                 f"{cfg['schedule']}, T = {cfg['local_steps']}, batch {cfg['batch_size']}, "
-                f"{part}: test accuracy, mean and 95% CI",
+                f"{part}: test acc. (mean, 95% CI)",
                 fontsize=9,
             )
             ax.set_xlabel("round")
