@@ -117,10 +117,10 @@ def curves(results: dict) -> list[str]:
 
 def seeds_table() -> str:
     lines = [
-        "| dataset | model | setting | beta | n | reached | rounds to target (mean +- std) "
+        "| dataset | pool | model | setting | beta | n | reached | rounds to target (mean +- std) "
         "| speed-up vs FedAvg (paired, mean +- std [95% CI]) | final acc % | final loss "
         "| final loss - FedAvg's (paired) | s (sweep) |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for path in sorted(glob.glob(os.path.join(RESULTS, "sweep_*.json"))):
         with open(path) as f:
@@ -135,7 +135,8 @@ def seeds_table() -> str:
                 acc, loss = st["final_accuracy"], st["final_loss"]
                 name = "FedAvg (beta = 1)" if beta == "1" else beta
                 lines.append(
-                    f"| {cfg['dataset']} | {cfg['model']} | {setting} | {name} | {st['n']} | "
+                    f"| {cfg['dataset']} | {cfg['pool'] or 'all'} | {cfg['model']} | {setting} | "
+                    f"{name} | {st['n']} | "
                     f"{st['reached']} | "
                     + (f"{rtt['mean']:.1f} +- {rtt['std']:.1f}" if rtt else "-")
                     + " | "
