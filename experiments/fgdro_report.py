@@ -149,15 +149,16 @@ def seeds_report(path: str) -> str:
     pairs = [*zip(ORDER, ORDER[1:], strict=False), ("FGDRO-KL-Adam", "FGDRO-KL"),
              ("FGDRO-KL-Adam", "DRFA")]  # fmt: skip
     pairs = [(x, y) for x, y in pairs if x in arr and y in arr]
-    lines += [
-        "",
-        "## The paper's worst-class order (KL-Adam > FedAdam > CVaR > KL > DRFA), adjacent "
-        "pairs, and KL-Adam minus KL / DRFA",
-        "",
-        f"| pair | {head} |",
-        "|---|" + "---:|" * len(METRICS),
-    ]
-    lines += [f"| {x} minus {y} | {paired(x, y)} |" for x, y in pairs]
+    if pairs:  # a file without the paper's ordered methods (e.g. SCAFFOLD / FedProx only)
+        lines += [
+            "",
+            "## The paper's worst-class order (KL-Adam > FedAdam > CVaR > KL > DRFA), adjacent "
+            "pairs, and KL-Adam minus KL / DRFA",
+            "",
+            f"| pair | {head} |",
+            "|---|" + "---:|" * len(METRICS),
+        ]
+        lines += [f"| {x} minus {y} | {paired(x, y)} |" for x, y in pairs]
     text = "\n".join(lines) + "\n"
     stem = path[: -len(".json")]
     with open(stem + "_table.md", "w") as f:
