@@ -142,12 +142,21 @@ def _solver(cfg: dict, alg: str) -> str:
     return f"J = {j}, {'uncapped' if cfg['no_cap'] else 'capped'}, inner lr {cfg['inner_lr']:g}"
 
 
+def schedule_label(cfg: dict) -> str:
+    """The schedule's name, with its power where a diminishing run did not use the stated 0.51
+    (older files have no `decay_power`: they ran 0.51)."""
+    nu = cfg.get("decay_power", 0.51)
+    if cfg["schedule"] == "diminishing" and nu != 0.51:
+        return f"diminishing (nu {nu:g})"
+    return cfg["schedule"]
+
+
 def paired_table(sweeps: dict[str, dict]) -> str:
     """Final test accuracy differences paired by seed (same init and minibatches)."""
     cells = []
     for name, res in sweeps.items():
         cfg = res["config"]
-        setting = (cfg["schedule"], cfg["rounds"], cfg["local_steps"], cfg["batch_size"])
+        setting = (schedule_label(cfg), cfg["rounds"], cfg["local_steps"], cfg["batch_size"])
         for key, c in res["cells"].items():
             alg, part = key.split("|")
             acc = {r["seed"]: r["test_accuracy"][-1] for r in c["runs"]}
@@ -186,7 +195,8 @@ def plot_seeds(sweeps: dict[str, dict], path: str) -> None:
     algorithm) everywhere."""
 
     def row_of(cfg: dict) -> tuple:
-        return SCHEDULES.index(cfg["schedule"]), cfg["local_steps"], cfg["batch_size"]
+        sched = SCHEDULES.index(cfg["schedule"]), schedule_label(cfg)
+        return *sched, cfg["local_steps"], cfg["batch_size"]
 
     rows = sorted({row_of(r["config"]) for r in sweeps.values()})
     fig, axes = plt.subplots(len(rows), 3, figsize=(13, 3.6 * len(rows)), squeeze=False)
@@ -208,7 +218,7 @@ def plot_seeds(sweeps: dict[str, dict], path: str) -> None:
             ax.plot(rounds, mean, marker=".", color=color, label=label)
             ax.fill_between(rounds, mean - half, mean + half, color=color, alpha=0.2)
             ax.set_title(
-                f"{cfg['schedule']}, T = {cfg['local_steps']}, batch {cfg['batch_size']}, "
+                f"{schedule_label(cfg)}, T = {cfg['local_steps']}, batch {cfg['batch_size']}, "
                 f"{part}: test acc. (mean, 95% CI)",
                 fontsize=9,
             )
