@@ -50,9 +50,10 @@ from fedjax_sim.sweep import mean_ci, sweep
 PARTITIONS = {"IID": "iid_shards", "Non-IID2": "class_halves", "Non-IID1": "one_class"}
 ALGORITHMS = ("FedAvg", "FedProx", "EF-FedAvg", "EF-FedProx")
 NUM_CLIENTS = 10
+STATED_DECAY_POWER = 0.51  # nu of the paper's diminishing 0.8/(k+1)^nu
 
 
-def make_schedule(name: str, rounds: int, decay_power: float = 0.51):
+def make_schedule(name: str, rounds: int, decay_power: float = STATED_DECAY_POWER):
     if name == "fixed":
         return schedules.fixed(0.1 * rounds**0.5, rounds)  # s = 0.1 as in the paper
     if name == "diminishing":
@@ -112,7 +113,7 @@ def main() -> None:
     ap.add_argument(
         "--decay-power",
         type=float,
-        default=0.51,
+        default=STATED_DECAY_POWER,
         help="nu of the diminishing 0.8/(k+1)^nu (the paper states 0.51; some of the authors' "
         "logs ran 0.9)",
     )

@@ -31,6 +31,7 @@ from fedjax_sim.sweep import mean_ci  # noqa: E402
 PARTITIONS = ("IID", "Non-IID2", "Non-IID1")
 ALGORITHMS = ("FedAvg", "FedProx", "EF-FedAvg", "EF-FedProx")
 SCHEDULES = ("fixed", "diminishing", "step_decay")
+STATED_DECAY_POWER = 0.51  # as in stepsizes_fmnist.py; files without `decay_power` ran it
 
 
 def load(directory: str) -> dict[str, dict]:
@@ -145,8 +146,8 @@ def _solver(cfg: dict, alg: str) -> str:
 def schedule_label(cfg: dict) -> str:
     """The schedule's name, with its power where a diminishing run did not use the stated 0.51
     (older files have no `decay_power`: they ran 0.51)."""
-    nu = cfg.get("decay_power", 0.51)
-    if cfg["schedule"] == "diminishing" and nu != 0.51:
+    nu = cfg.get("decay_power", STATED_DECAY_POWER)
+    if cfg["schedule"] == "diminishing" and nu != STATED_DECAY_POWER:
         return f"diminishing (nu {nu:g})"
     return cfg["schedule"]
 
@@ -195,8 +196,8 @@ def plot_seeds(sweeps: dict[str, dict], path: str) -> None:
     algorithm) everywhere."""
 
     def row_of(cfg: dict) -> tuple:
-        sched = SCHEDULES.index(cfg["schedule"]), schedule_label(cfg)
-        return *sched, cfg["local_steps"], cfg["batch_size"]
+        return (SCHEDULES.index(cfg["schedule"]), schedule_label(cfg), cfg["local_steps"],
+                cfg["batch_size"])  # fmt: skip
 
     rows = sorted({row_of(r["config"]) for r in sweeps.values()})
     fig, axes = plt.subplots(len(rows), 3, figsize=(13, 3.6 * len(rows)), squeeze=False)
