@@ -10,7 +10,10 @@ the informative robustness metric there.
 
     PYTHONPATH=. python experiments/fgdro_report.py --seeds experiments/results/fgdro/FILE.json
 reports one multi-seed step-size sweep of `fgdro_imbalanced_fmnist.py` (rows with an `lr`)
-instead, into FILE_table.md and FILE.png. Selection rule (the paper tunes each method's
+instead, into FILE_table.md and FILE.png. Several files of one setting (same hparams and
+rounds, e.g. a grid's lower decades run later) are merged into one grid with `--seeds F1 F2
+... --out STEM`; a (method, lr, seed) run present in two files must agree in every final
+metric and curve (it is kept once). Selection rule (the paper tunes each method's
 initial step size on a grid and reports its worst-case and average accuracy; it does not say
 on which metric it selects): per method, the lr with the highest mean final worst-class
 accuracy, ties broken by the lowest mean worst-class loss; a step size with a non-finite run
@@ -77,11 +80,36 @@ def _pair(d: np.ndarray, higher: bool) -> str:
     return f"{mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}] ({better}/{d.size})"
 
 
-def seeds_report(path: str) -> str:
+def load_sweeps(paths: list[str]) -> tuple[dict, list[dict]]:
+    """(hparams, rows) of one or more sweep files of the same setting, each (method, lr, seed)
+    run once; raises ValueError on differing settings or on a repeated run that differs."""
+    hparams, runs = None, {}
+    for path in paths:
+        with open(path) as f:
+            blob = json.load(f)
+        if hparams is None:
+            hparams = blob["hparams"]
+        elif blob["hparams"] != hparams:
+            diff = sorted(k for k in {*hparams, *blob["hparams"]}
+                          if hparams.get(k) != blob["hparams"].get(k))  # fmt: skip
+            raise ValueError(f"{path}: hparams {diff} differ from {paths[0]}'s")
+        for r in blob["rows"]:
+            key = (r["method"], r["lr"], r["seed"])
+            same = {k: v for k, v in r.items() if k != "seconds"}  # wall time may differ
+            if key in runs and {k: v for k, v in runs[key].items() if k != "seconds"} != same:
+                raise ValueError(f"{path}: run {key} differs from the same run in an earlier file")
+            runs.setdefault(key, r)
+    rows = list(runs.values())
+    if len({tuple(r["curve_rounds"]) for r in rows}) > 1:
+        raise ValueError(f"{paths}: the files differ in their evaluation rounds")
+    return hparams, rows
+
+
+def seeds_report(paths: list[str], stem: str) -> str:
     """Grid table, selected step size per method, paired differences vs FedAvg and along the
-    paper's worst-class order, and the mean +- 95% CI curves of one step-size sweep file."""
-    blob = json.load(open(path))
-    rows = blob["rows"]
+    paper's worst-class order, and the mean +- 95% CI curves of one step-size sweep (one or
+    more files of one setting), written to STEM_table.md and STEM.png."""
+    hp, rows = load_sweeps(paths)
     methods = list(dict.fromkeys(r["method"] for r in rows))
     arr: dict[str, dict[float, dict[str, np.ndarray]]] = {}
     for m in methods:
@@ -96,7 +124,6 @@ def seeds_report(path: str) -> str:
     chosen = {m: max(a, key=lambda lr, a=a: (a[lr]["diverged"] == 0, a[lr][acc].mean(),
                                              -a[lr][loss].mean()))
               for m, a in arr.items()}  # fmt: skip
-    hp = blob["hparams"]
     papers = PAPER_TABLE7.get(float(hp["alpha"]), {})  # {} for an alpha the paper did not run
     n_seeds = len(arr[methods[0]][chosen[methods[0]]]["seed"])
     cols = " | ".join(c for c, _, _ in METRICS)
@@ -160,7 +187,6 @@ def seeds_report(path: str) -> str:
         ]
         lines += [f"| {x} minus {y} | {paired(x, y)} |" for x, y in pairs]
     text = "\n".join(lines) + "\n"
-    stem = path[: -len(".json")]
     with open(stem + "_table.md", "w") as f:
         f.write(text)
     plot_seeds(rows, chosen, stem + ".png", f"Dir({hp['alpha']:g})")
@@ -196,10 +222,19 @@ def plot_seeds(rows: list[dict], chosen: dict, path: str, title: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seeds", default=None, metavar="FILE", help="a step-size sweep's JSON")
+    ap.add_argument("--seeds", nargs="+", default=None, metavar="FILE",
+                    help="a step-size sweep's JSON (several: merged into one grid)")  # fmt: skip
+    ap.add_argument("--out", default=None, metavar="STEM",
+                    help="output stem (default: the --seeds file without .json)")  # fmt: skip
     args = ap.parse_args()
     if args.seeds:
-        print(seeds_report(args.seeds))
+        if args.out is None and len(args.seeds) > 1:
+            ap.error("--out STEM is required with several --seeds files")
+        stem = args.out or args.seeds[0].removesuffix(".json")
+        try:
+            print(seeds_report(args.seeds, stem))
+        except ValueError as e:
+            ap.exit(2, f"fgdro_report.py: error: {e}\n")
         return
     head = "| partition | method | n | " + " | ".join(c for c, _ in COLUMNS) + " |"
     lines = [head, "|---|---|---:|" + "---:|" * len(COLUMNS)]
