@@ -7,7 +7,10 @@ clients / rounds to the target accuracy (speed-up vs FedAvg)) and writes
 experiments/results/fedlps/curves_<dataset>.png. The multi-seed sweeps
 (`fedlps_table1.py --seeds N`, files `sweep_<dataset>_<model>.json`) go to
 `results/fedlps/table_seeds.md`: rounds to the target, paired speed-up vs FedAvg (beta = 1,
-same seed), final accuracy and loss, mean +- std over seeds (n).
+same seed), final accuracy and loss, mean +- std over seeds (n). Sweeps of one setting run on
+several data partitions (`fedlps_table1.py --seed P --tag _partP`: the pool split, the client
+partition and the similarity graph of seed P) go to `results/fedlps/table_partitions.md`: the
+paired speed-up's mean per partition, then mean +- std and 95% CI over the partitions.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from fedjax_sim.convergence import rounds_to_target, speedup  # noqa: E402
+from fedjax_sim.sweep import mean_ci  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "fedlps")
 
@@ -117,10 +121,10 @@ def curves(results: dict) -> list[str]:
 
 def seeds_table() -> str:
     lines = [
-        "| dataset | pool | model | setting | beta | n | reached | rounds to target (mean +- std) "
-        "| speed-up vs FedAvg (paired, mean +- std [95% CI]) | final acc % | final loss "
-        "| final loss - FedAvg's (paired) | s (sweep) |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| dataset | pool | model | setting | partition | beta | n | reached "
+        "| rounds to target (mean +- std) | speed-up vs FedAvg (paired, mean +- std [95% CI]) "
+        "| final acc % | final loss | final loss - FedAvg's (paired) | s (sweep) |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for path in sorted(glob.glob(os.path.join(RESULTS, "sweep_*.json"))):
         with open(path) as f:
@@ -136,7 +140,7 @@ def seeds_table() -> str:
                 name = "FedAvg (beta = 1)" if beta == "1" else beta
                 lines.append(
                     f"| {cfg['dataset']} | {cfg['pool'] or 'all'} | {cfg['model']} | {setting} | "
-                    f"{name} | {st['n']} | "
+                    f"{cfg['seed']} | {name} | {st['n']} | "
                     f"{st['reached']} | "
                     + (f"{rtt['mean']:.1f} +- {rtt['std']:.1f}" if rtt else "-")
                     + " | "
@@ -153,12 +157,71 @@ def seeds_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+# config keys that may differ between sweep files of one setting
+PER_FILE = ("seed", "betas", "settings", "tag", "out", "fresh", "prox")
+
+
+def paired_speedups(runs: list[dict], beta: float) -> tuple[np.ndarray, np.ndarray]:
+    """(speed-ups, final-loss changes) of beta vs FedAvg (beta = 1), paired by seed; seeds where
+    either run misses the target have no speed-up (as in fedlps_table1.py)."""
+    ref = {r["seed"]: r for r in runs if r["beta"] == 1.0}
+    sel = [r for r in runs if r["beta"] == beta]
+    sp = [ref[r["seed"]]["rounds_to_target"] / r["rounds_to_target"] for r in sel
+          if r["rounds_to_target"] and ref[r["seed"]]["rounds_to_target"]]  # fmt: skip
+    dl = [r["final_loss"] - ref[r["seed"]]["final_loss"] for r in sel]
+    return np.asarray(sp, np.float64), np.asarray(dl, np.float64)
+
+
+def partitions_table() -> str | None:
+    """Between-partition spread of the paired speed-up: settings swept on >= 2 partitions."""
+    groups: dict[tuple, dict[int, list[dict]]] = {}
+    for path in sorted(glob.glob(os.path.join(RESULTS, "sweep_*.json"))):
+        with open(path) as f:
+            res = json.load(f)
+        cfg = res["config"]
+        same = tuple(sorted((k, str(v)) for k, v in cfg.items() if k not in PER_FILE))
+        for setting, rec in res["settings"].items():
+            part = groups.setdefault((cfg["dataset"], cfg["model"], setting, same), {})
+            part.setdefault(cfg["seed"], []).extend(rec["runs"])
+    lines = [
+        "| dataset | model | setting | beta | partitions | speed-up per partition (mean over "
+        "seeds) | over partitions: mean +- std [95% CI] | within-partition std (mean) | "
+        "final loss - FedAvg's per partition |",
+        "|---|---|---|---:|---:|---|---:|---:|---|",
+    ]
+    for (dataset, model, setting, _), parts in groups.items():
+        if len(parts) < 2:
+            continue
+        betas = sorted({r["beta"] for runs in parts.values() for r in runs} - {1.0}, reverse=True)
+        for beta in betas:
+            have = {p: paired_speedups(runs, beta) for p, runs in sorted(parts.items())
+                    if any(r["beta"] == beta for r in runs)}  # fmt: skip
+            if len(have) < 2:
+                continue
+            means = np.array([sp.mean() for sp, _ in have.values()])
+            mean, half, std = mean_ci(means)
+            within = np.mean([sp.std(ddof=1) for sp, _ in have.values()])
+            per = ", ".join(f"{p}: {sp.mean():.2f}" for p, (sp, _) in have.items())
+            loss = ", ".join(f"{dl.mean():+.4f}" for _, dl in have.values())
+            lines.append(
+                f"| {dataset} | {model} | {setting} | {beta:g} | {len(have)} | {per} | "
+                f"{mean:.2f} +- {std:.2f} [{mean - half:.2f}, {mean + half:.2f}] | {within:.2f} "
+                f"| {loss} |"
+            )
+    return "\n".join(lines) + "\n" if len(lines) > 2 else None
+
+
 def main() -> None:
     if glob.glob(os.path.join(RESULTS, "sweep_*.json")):
         text = seeds_table()
         with open(os.path.join(RESULTS, "table_seeds.md"), "w") as f:
             f.write(text)
         print(text)
+        parts = partitions_table()
+        if parts:
+            with open(os.path.join(RESULTS, "table_partitions.md"), "w") as f:
+                f.write(parts)
+            print(parts)
     results = load()
     print(table(results))
     for path in curves(results):
