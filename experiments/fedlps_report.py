@@ -10,7 +10,8 @@ experiments/results/fedlps/curves_<dataset>.png. The multi-seed sweeps
 same seed), final accuracy and loss, mean +- std over seeds (n). Sweeps of one setting run on
 several data partitions (`fedlps_table1.py --seed P --tag _partP`: the pool split, the client
 partition and the similarity graph of seed P) go to `results/fedlps/table_partitions.md`: the
-paired speed-up's mean per partition, then mean +- std and 95% CI over the partitions.
+paired speed-up's and final-accuracy change's mean per partition, then mean +- std and 95%
+CI over the partitions.
 """
 
 from __future__ import annotations
@@ -161,19 +162,32 @@ def seeds_table() -> str:
 PER_FILE = ("seed", "betas", "settings", "tag", "out", "fresh", "prox")
 
 
-def paired_speedups(runs: list[dict], beta: float) -> tuple[np.ndarray, np.ndarray]:
-    """(speed-ups, final-loss changes) of beta vs FedAvg (beta = 1), paired by seed; seeds where
-    either run misses the target have no speed-up (as in fedlps_table1.py)."""
+def paired_changes(runs: list[dict], beta: float) -> dict[str, np.ndarray]:
+    """beta vs FedAvg (beta = 1), paired by seed: `speedup` (only seeds where both runs reach
+    the target, as in fedlps_table1.py), `acc` (final accuracy change, points) and `loss`."""
     ref = {r["seed"]: r for r in runs if r["beta"] == 1.0}
     sel = [r for r in runs if r["beta"] == beta]
     sp = [ref[r["seed"]]["rounds_to_target"] / r["rounds_to_target"] for r in sel
           if r["rounds_to_target"] and ref[r["seed"]]["rounds_to_target"]]  # fmt: skip
-    dl = [r["final_loss"] - ref[r["seed"]]["final_loss"] for r in sel]
-    return np.asarray(sp, np.float64), np.asarray(dl, np.float64)
+    return {
+        "speedup": np.asarray(sp, np.float64),
+        "acc": np.array(
+            [100 * (r["final_accuracy"] - ref[r["seed"]]["final_accuracy"]) for r in sel]
+        ),  # fmt: skip
+        "loss": np.array([r["final_loss"] - ref[r["seed"]]["final_loss"] for r in sel]),
+    }
+
+
+def _over(values: list[float]) -> str:
+    mean, half, std = mean_ci(np.asarray(values, np.float64))
+    return f"{mean:.2f} +- {std:.2f} [{mean - half:.2f}, {mean + half:.2f}]"
 
 
 def partitions_table() -> str | None:
-    """Between-partition spread of the paired speed-up: settings swept on >= 2 partitions."""
+    """Between-partition spread of the paired speed-up and final-accuracy change, for settings
+    swept on >= 2 partitions. A partition where some seed's FedAvg or FedLPS run misses the
+    target (within the fixed rounds) has fewer speed-up pairs than seeds (shown as k/n) and is
+    left out of the speed-up's over-partition statistics; the accuracy change has every pair."""
     groups: dict[tuple, dict[int, list[dict]]] = {}
     for path in sorted(glob.glob(os.path.join(RESULTS, "sweep_*.json"))):
         with open(path) as f:
@@ -185,28 +199,35 @@ def partitions_table() -> str | None:
             part.setdefault(cfg["seed"], []).extend(rec["runs"])
     lines = [
         "| dataset | model | setting | beta | partitions | speed-up per partition (mean over "
-        "seeds) | over partitions: mean +- std [95% CI] | within-partition std (mean) | "
-        "final loss - FedAvg's per partition |",
-        "|---|---|---|---:|---:|---|---:|---:|---|",
+        "seeds with both runs at the target, k/n) | speed-up over complete partitions: mean +- "
+        "std [95% CI] (partitions) | final acc - FedAvg's per partition (points) | final acc "
+        "change over partitions | final loss - FedAvg's per partition |",
+        "|---|---|---|---:|---:|---|---:|---|---:|---|",
     ]
     for (dataset, model, setting, _), parts in groups.items():
         if len(parts) < 2:
             continue
         betas = sorted({r["beta"] for runs in parts.values() for r in runs} - {1.0}, reverse=True)
         for beta in betas:
-            have = {p: paired_speedups(runs, beta) for p, runs in sorted(parts.items())
+            have = {p: paired_changes(runs, beta) for p, runs in sorted(parts.items())
                     if any(r["beta"] == beta for r in runs)}  # fmt: skip
             if len(have) < 2:
                 continue
-            means = np.array([sp.mean() for sp, _ in have.values()])
-            mean, half, std = mean_ci(means)
-            within = np.mean([sp.std(ddof=1) for sp, _ in have.values()])
-            per = ", ".join(f"{p}: {sp.mean():.2f}" for p, (sp, _) in have.items())
-            loss = ", ".join(f"{dl.mean():+.4f}" for _, dl in have.values())
+            per = ", ".join(
+                f"{p}: {c['speedup'].mean():.2f} ({c['speedup'].size}/{c['acc'].size})"
+                if c["speedup"].size
+                else f"{p}: - (0/{c['acc'].size})"
+                for p, c in have.items()
+            )
+            full = [
+                c["speedup"].mean() for c in have.values() if c["speedup"].size == c["acc"].size
+            ]
+            over = f"{_over(full)} ({len(full)})" if len(full) >= 2 else f"- ({len(full)})"
+            acc = ", ".join(f"{c['acc'].mean():+.2f}" for c in have.values())
+            loss = ", ".join(f"{c['loss'].mean():+.4f}" for c in have.values())
             lines.append(
-                f"| {dataset} | {model} | {setting} | {beta:g} | {len(have)} | {per} | "
-                f"{mean:.2f} +- {std:.2f} [{mean - half:.2f}, {mean + half:.2f}] | {within:.2f} "
-                f"| {loss} |"
+                f"| {dataset} | {model} | {setting} | {beta:g} | {len(have)} | {per} | {over} | "
+                f"{acc} | {_over([c['acc'].mean() for c in have.values()])} | {loss} |"
             )
     return "\n".join(lines) + "\n" if len(lines) > 2 else None
 
