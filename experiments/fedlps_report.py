@@ -173,7 +173,7 @@ def paired_changes(runs: list[dict], beta: float) -> dict[str, np.ndarray]:
         "speedup": np.asarray(sp, np.float64),
         "acc": np.array(
             [100 * (r["final_accuracy"] - ref[r["seed"]]["final_accuracy"]) for r in sel]
-        ),  # fmt: skip
+        ),
         "loss": np.array([r["final_loss"] - ref[r["seed"]]["final_loss"] for r in sel]),
     }
 
