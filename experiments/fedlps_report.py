@@ -120,16 +120,23 @@ def curves(results: dict) -> list[str]:
     return paths
 
 
-def seeds_table() -> str:
+def load_sweeps() -> list[dict]:
+    """Every multi-seed sweep file (`sweep_*.json`), in file-name order."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(RESULTS, "sweep_*.json"))):
+        with open(path) as f:
+            out.append(json.load(f))
+    return out
+
+
+def seeds_table(sweeps: list[dict]) -> str:
     lines = [
         "| dataset | pool | model | setting | partition | beta | n | reached "
         "| rounds to target (mean +- std) | speed-up vs FedAvg (paired, mean +- std [95% CI]) "
         "| final acc % | final loss | final loss - FedAvg's (paired) | s (sweep) |",
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for path in sorted(glob.glob(os.path.join(RESULTS, "sweep_*.json"))):
-        with open(path) as f:
-            res = json.load(f)
+    for res in sweeps:
         cfg = res["config"]
         for setting, rec in res["settings"].items():
             ref = {r["seed"]: r["final_loss"] for r in rec["runs"] if r["beta"] == 1.0}
@@ -167,10 +174,9 @@ def paired_changes(runs: list[dict], beta: float) -> dict[str, np.ndarray]:
     the target, as in fedlps_table1.py), `acc` (final accuracy change, points) and `loss`."""
     ref = {r["seed"]: r for r in runs if r["beta"] == 1.0}
     sel = [r for r in runs if r["beta"] == beta]
-    sp = [ref[r["seed"]]["rounds_to_target"] / r["rounds_to_target"] for r in sel
-          if r["rounds_to_target"] and ref[r["seed"]]["rounds_to_target"]]  # fmt: skip
+    sp = [speedup(ref[r["seed"]]["rounds_to_target"], r["rounds_to_target"]) for r in sel]
     return {
-        "speedup": np.asarray(sp, np.float64),
+        "speedup": np.array([v for v in sp if v is not None], np.float64),
         "acc": np.array(
             [100 * (r["final_accuracy"] - ref[r["seed"]]["final_accuracy"]) for r in sel]
         ),
@@ -183,15 +189,13 @@ def _over(values: list[float]) -> str:
     return f"{mean:.2f} +- {std:.2f} [{mean - half:.2f}, {mean + half:.2f}]"
 
 
-def partitions_table() -> str | None:
+def partitions_table(sweeps: list[dict]) -> str | None:
     """Between-partition spread of the paired speed-up and final-accuracy change, for settings
     swept on >= 2 partitions. A partition where some seed's FedAvg or FedLPS run misses the
     target (within the fixed rounds) has fewer speed-up pairs than seeds (shown as k/n) and is
     left out of the speed-up's over-partition statistics; the accuracy change has every pair."""
     groups: dict[tuple, dict[int, list[dict]]] = {}
-    for path in sorted(glob.glob(os.path.join(RESULTS, "sweep_*.json"))):
-        with open(path) as f:
-            res = json.load(f)
+    for res in sweeps:
         cfg = res["config"]
         same = tuple(sorted((k, str(v)) for k, v in cfg.items() if k not in PER_FILE))
         for setting, rec in res["settings"].items():
@@ -233,12 +237,13 @@ def partitions_table() -> str | None:
 
 
 def main() -> None:
-    if glob.glob(os.path.join(RESULTS, "sweep_*.json")):
-        text = seeds_table()
+    sweeps = load_sweeps()
+    if sweeps:
+        text = seeds_table(sweeps)
         with open(os.path.join(RESULTS, "table_seeds.md"), "w") as f:
             f.write(text)
         print(text)
-        parts = partitions_table()
+        parts = partitions_table(sweeps)
         if parts:
             with open(os.path.join(RESULTS, "table_partitions.md"), "w") as f:
                 f.write(parts)

@@ -25,13 +25,13 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from stepsizes_fmnist import STATED_DECAY_POWER  # noqa: E402  (files without decay_power ran it)
 
 from fedjax_sim.sweep import mean_ci  # noqa: E402
 
 PARTITIONS = ("IID", "Non-IID2", "Non-IID1")
 ALGORITHMS = ("FedAvg", "FedProx", "EF-FedAvg", "EF-FedProx")
 SCHEDULES = ("fixed", "diminishing", "step_decay")
-STATED_DECAY_POWER = 0.51  # as in stepsizes_fmnist.py; files without `decay_power` ran it
 
 
 def load(directory: str) -> dict[str, dict]:
