@@ -1,11 +1,12 @@
-"""Tables of the multi-seed `area_logistic.py` runs (`logistic_K1_<tag>_<setting>.json`).
+"""Tables of the multi-seed `area_logistic.py` runs (`logistic_K<K>_<tag>_<setting>.json`).
 
-    PYTHONPATH=. python experiments/area_report.py [--tag seeds10]
-Writes experiments/results/area/logistic_<tag>.md: per clock setting and method, the step
-size chosen by each selection rule, the normalised loss (f - f*) / (f(0) - f*) and the test
-accuracy at simulated times 2 / 5 / 10 / 20 (mean +- std over seeds at the step size of the
-time-averaged rule), and AREA minus each baseline at the horizon, paired by seed (mean, 95%
-CI, and how many seeds AREA is lower).
+    PYTHONPATH=. python experiments/area_report.py [--tag seeds10] [--local-steps 50]
+Writes experiments/results/area/logistic_<tag>.md (K = 1) or logistic_K<K>_<tag>.md: per clock
+setting and method, the step size chosen by each selection rule, the normalised loss
+(f - f*) / (f(0) - f*) and the test accuracy at 10 / 25 / 50 / 100 % of the horizon (mean +- std
+over seeds at the step size of the time-averaged rule), and AREA minus each baseline, paired by
+seed (mean, 95% CI, and how many seeds AREA is better): the loss at each of those times and the
+test accuracy at the horizon, then the test accuracy at each time ("fastest in accuracy").
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ def fmt(v, digits: int = 3) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tag", default="seeds10")
+    ap.add_argument("--local-steps", type=int, default=1, help="K of the runs to tabulate")
     args = ap.parse_args()
     out = []
     for setting in ("uniform", "non-uniform"):
-        path = os.path.join(DIR, f"logistic_K1_{args.tag}_{setting}.json")
+        path = os.path.join(DIR, f"logistic_K{args.local_steps}_{args.tag}_{setting}.json")
         if not os.path.exists(path):
             continue
         with open(path) as f:
@@ -91,8 +93,27 @@ def main() -> None:
                 lo, hi = mean - half, mean + half
                 cells.append(f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}] ({better}/{d.size})")
                 out.append(f"| {m} | " + " | ".join(cells) + " |")
+            out.append(
+                f"\nAREA minus baseline, test accuracy paired by seed ({rule} rule), mean [95% CI] "
+                "(seeds where AREA is higher)\n"
+            )
+            out.append("| baseline | " + " | ".join(f"acc. diff. t = {t}" for t in times) + " |")
+            out.append("|---|" + "---:|" * len(times))
+            for m in METHODS[1:]:
+                cells = []
+                for t in times:
+                    d = np.subtract(
+                        area[t]["test_accuracy_per_seed"], runs[m][key][t]["test_accuracy_per_seed"]
+                    )
+                    mean, half, _ = mean_ci(d)
+                    cells.append(
+                        f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] "
+                        f"({int(np.sum(d > 0))}/{d.size})"
+                    )
+                out.append(f"| {m} | " + " | ".join(cells) + " |")
     text = "\n".join(out) + "\n"
-    with open(os.path.join(DIR, f"logistic_{args.tag}.md"), "w") as f:
+    prefix = "" if args.local_steps == 1 else f"K{args.local_steps}_"
+    with open(os.path.join(DIR, f"logistic_{prefix}{args.tag}.md"), "w") as f:
         f.write(text)
     print(text)
 
