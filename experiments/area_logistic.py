@@ -186,6 +186,16 @@ def main() -> None:
         "--settings", nargs="+", default=["uniform", "non-uniform"],
         choices=["uniform", "non-uniform"], help="clock settings to run",
     )  # fmt: skip
+    ap.add_argument(
+        "--methods", nargs="+", default=list(METHODS), choices=METHODS,
+        help="methods to run (an extension of another run's grids, see area_report.py --extend)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--extend", default=None, metavar="TAG",
+        help="merge with the earlier run logistic_K<K><TAG>.json (same data, seeds, horizon): "
+        "its step sizes are added to this run's per method and each method's step size is "
+        "chosen over the union",
+    )  # fmt: skip
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSONs")
     ap.add_argument(
@@ -217,18 +227,30 @@ def main() -> None:
     }
     settings = {k: v for k, v in settings.items() if k in args.settings}
     tag = f"K{args.local_steps}{args.tag}"
-    raw = {"grid": grids, "seeds": seeds.tolist(), "runs": {}}
-    summary = {"f_star": f_star, "f_0": f_0, "grid": grids, "args": vars(args), "runs": {}}
+    earlier = load_earlier(args, f_star) if args.extend is not None else {"runs": {}}
+    raw = {"grid": {}, "seeds": seeds.tolist(), "runs": {}}
+    summary = {"f_star": f_star, "f_0": f_0, "grid": raw["grid"], "args": vars(args), "runs": {}}
     curves = {}
     for setting, rates in settings.items():
         async_steps = int(args.horizon * rates.sum())
         sync_steps = int(1.2 * args.horizon / expected_max_time(rates, 4))
         for m in METHODS:
-            steps = max(sync_steps if m == "S-FedAvg" else async_steps, args.evals)
-            (loss, acc, t), res = simulate_method(
-                m, model, rates, grids[m], seeds, data, pooled, test, local, steps, args.evals
-            )
-            err = (loss - f_star) / (f_0 - f_star)  # [A, S, E]
+            parts = []  # (grid, normalised loss, accuracy, time, seconds) per source
+            if m in args.methods:
+                steps = max(sync_steps if m == "S-FedAvg" else async_steps, args.evals)
+                (loss, acc, t), res = simulate_method(
+                    m, model, rates, grids[m], seeds, data, pooled, test, local, steps, args.evals
+                )
+                err = (loss - f_star) / (f_0 - f_star)  # [A, S, E]
+                parts.append((grids[m], err, acc, t, res.meta["seconds"]))
+            old = earlier["runs"].get(f"{setting}/{m}")
+            if old is not None:
+                arrays = (np.asarray(old[k]) for k in ("normalised_loss", "test_accuracy", "time"))
+                parts.append((earlier["grid"][m], *arrays, old["sweep_seconds"]))
+            if not parts:
+                continue
+            grid, err, acc, t, seconds = merge_grids(m, parts)
+            raw["grid"][m] = grid
             with np.errstate(invalid="ignore", divide="ignore"):
                 logs = np.log10(np.where(np.isfinite(err) & (err > 0), err, np.inf))
             score = np.where(np.isfinite(logs).all(2), logs.mean(2), np.inf).mean(1)
@@ -240,11 +262,11 @@ def main() -> None:
                 "normalised_loss": err.tolist(),  # [alpha, seed, eval]
                 "test_accuracy": acc.tolist(),
                 "time": t.tolist(),
-                "sweep_seconds": res.meta["seconds"],
+                "sweep_seconds": seconds,
             }
-            curves[(setting, m)] = (t[a], err[a], acc[a], grids[m][a])
+            curves[(setting, m)] = (t[a], err[a], acc[a], grid[a])
             summary["runs"][f"{setting}/{m}"] = {
-                "best_alpha": grids[m][a],
+                "best_alpha": grid[a],
                 "score_per_alpha": [float(s) for s in score],
                 "final_normalised_loss": float(np.median(err[a][:, -1])),
                 "final_test_accuracy": float(np.mean(acc[a][:, -1])),
@@ -252,14 +274,14 @@ def main() -> None:
                 "time_reached": float(t[a][:, -1].min()),
                 "at_time": at_times(t[a], err[a], acc[a], args.horizon),
                 "n_seeds": int(len(seeds)),
-                "best_alpha_by_final_loss": grids[m][a_final],
+                "best_alpha_by_final_loss": grid[a_final],
                 "median_final_loss_per_alpha": [float(v) for v in np.median(final, 1)],
                 "at_time_final_loss_rule": at_times(
                     t[a_final], err[a_final], acc[a_final], args.horizon
                 ),
             }
             print(
-                f"{setting:11s} {m:9s} alpha={grids[m][a]:g} "
+                f"{setting:11s} {m:9s} alpha={grid[a]:g} "
                 f"loss={summary['runs'][f'{setting}/{m}']['final_normalised_loss']:.4f} "
                 f"acc={summary['runs'][f'{setting}/{m}']['final_test_accuracy']:.4f} "
                 f"({time.time() - t0:.0f}s)",
@@ -271,6 +293,32 @@ def main() -> None:
     with open(os.path.join(args.out, f"logistic_{tag}_runs.json"), "w") as fh:
         json.dump(raw, fh)
     plot(curves, args, os.path.join(args.out, f"logistic_{tag}.png"))
+
+
+def load_earlier(args, f_star: float) -> dict:
+    """The `_runs.json` of the run named by `--extend`, after checking that it ran the same
+    problem (data, seeds, K, horizon, evaluations; f* equal to 1e-9)."""
+    path = os.path.join(args.out, f"logistic_K{args.local_steps}{args.extend}")
+    with open(path + ".json") as fh:
+        summary = json.load(fh)
+    with open(path + "_runs.json") as fh:
+        raw = json.load(fh)
+    keys = ("train", "clients", "local_steps", "seeds", "horizon", "evals")
+    differ = [k for k in keys if summary["args"][k] != getattr(args, k)]
+    if differ or abs(summary["f_star"] - f_star) > 1e-9 * abs(f_star):
+        raise SystemExit(f"--extend {args.extend}: different run ({differ or 'f*'})")
+    return raw
+
+
+def merge_grids(method: str, parts: list) -> tuple:
+    """Step sizes of several sources in increasing order: `(grid, err, acc, t, seconds)`,
+    arrays `[A, S, E]` concatenated on the step-size axis; seconds summed."""
+    grid = [a for p in parts for a in p[0]]
+    if len(set(grid)) != len(grid):
+        raise SystemExit(f"--extend: {method} runs a step size twice ({sorted(grid)})")
+    order = np.argsort(grid)
+    arrays = (np.concatenate([p[i] for p in parts])[order] for i in (1, 2, 3))
+    return ([grid[i] for i in order], *arrays, sum(p[4] for p in parts))
 
 
 def replot(args) -> None:
@@ -303,7 +351,7 @@ def plot(curves, args, path):
     band = "95% CI" if args.seeds >= 3 else "min-max"
     for row, setting in enumerate(settings):
         grid = np.linspace(0, args.horizon, 200)
-        for m in METHODS:
+        for m in (m for m in METHODS if (setting, m) in curves):
             t, err, acc, alpha = curves[(setting, m)]
             for col, values in enumerate((err, acc)):
                 # before a run's first evaluation its model is x_s0 = 0: normalised loss 1
