@@ -188,7 +188,7 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument(
         "--methods", nargs="+", default=list(METHODS), choices=METHODS,
-        help="methods to run (an extension of another run's grids, see area_report.py --extend)",
+        help="methods to run (e.g. to extend some methods' grids, see --extend)",
     )  # fmt: skip
     ap.add_argument(
         "--extend", default=None, metavar="TAG",

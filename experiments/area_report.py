@@ -28,6 +28,14 @@ def fmt(v, digits: int = 3) -> str:
     return f"{v.mean():.{digits}f} +- {v.std(ddof=1):.{digits}f}"
 
 
+def paired(area: dict, other: dict, field: str, lower_is_better: bool) -> str:
+    """AREA minus baseline of `field` paired by seed: mean [95% CI] (seeds where AREA is better)."""
+    d = np.subtract(area[field], other[field])
+    mean, half, _ = mean_ci(d)
+    better = int(np.sum(d < 0 if lower_is_better else d > 0))
+    return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] ({better}/{d.size})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tag", default="seeds10")
@@ -77,21 +85,13 @@ def main() -> None:
             )
             out.append("|---|" + "---:|" * (len(times) + 1))
             for m in METHODS[1:]:
-                cells = []
-                for t in times:
-                    a, b = area[t], runs[m][key][t]
-                    d = np.subtract(a["normalised_loss_per_seed"], b["normalised_loss_per_seed"])
-                    mean, half, _ = mean_ci(d)
-                    cells.append(
-                        f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] "
-                        f"({int(np.sum(d < 0))}/{d.size})"
-                    )
-                a, b = area[horizon], runs[m][key][horizon]
-                d = np.subtract(a["test_accuracy_per_seed"], b["test_accuracy_per_seed"])
-                mean, half, _ = mean_ci(d)
-                better = int(np.sum(d > 0))
-                lo, hi = mean - half, mean + half
-                cells.append(f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}] ({better}/{d.size})")
+                cells = [
+                    paired(area[t], runs[m][key][t], "normalised_loss_per_seed", True)
+                    for t in times
+                ]
+                cells.append(
+                    paired(area[horizon], runs[m][key][horizon], "test_accuracy_per_seed", False)
+                )
                 out.append(f"| {m} | " + " | ".join(cells) + " |")
             out.append(
                 f"\nAREA minus baseline, test accuracy paired by seed ({rule} rule), mean [95% CI] "
@@ -100,16 +100,9 @@ def main() -> None:
             out.append("| baseline | " + " | ".join(f"acc. diff. t = {t}" for t in times) + " |")
             out.append("|---|" + "---:|" * len(times))
             for m in METHODS[1:]:
-                cells = []
-                for t in times:
-                    d = np.subtract(
-                        area[t]["test_accuracy_per_seed"], runs[m][key][t]["test_accuracy_per_seed"]
-                    )
-                    mean, half, _ = mean_ci(d)
-                    cells.append(
-                        f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] "
-                        f"({int(np.sum(d > 0))}/{d.size})"
-                    )
+                cells = [
+                    paired(area[t], runs[m][key][t], "test_accuracy_per_seed", False) for t in times
+                ]
                 out.append(f"| {m} | " + " | ".join(cells) + " |")
     text = "\n".join(out) + "\n"
     prefix = "" if args.local_steps == 1 else f"K{args.local_steps}_"
