@@ -102,6 +102,7 @@ def build(name: str, loss, n: int, hp: dict):
 
 
 ADAM_LR = ("FGDRO-KL-Adam", "LocalAdam")  # step size `adam_lr`; the others' is `lr`
+BETA_METHODS = ("FGDRO-KL", "FGDRO-KL-Adam")  # the methods whose rates `beta` the paper tunes
 
 
 def lr_key(name: str) -> str:
@@ -114,9 +115,10 @@ def run_all(
     grids=None, worst_loss=None,
 ):  # fmt: skip
     """Runs every (method, seed): one `fedjax_sim.sweep.sweep` per method (run r =
-    `simulate` with key(seed_r)), over seeds only or, with `grids[name]` (step sizes), over
-    that method's step-size grid x seeds (the step size traced: one compiled program);
-    appends rows (with the row's `lr`) to the JSON file `out_path` as it goes (`seconds` of a
+    `simulate` with key(seed_r)), over seeds only or, with `grids[name]` (`{"lr": step
+    sizes}`, optionally `"beta": rates}`), over that method's grid x seeds (traced: one
+    compiled program); appends rows (with the row's `lr`, and `beta` where it was swept) to
+    the JSON file `out_path` as it goes (`seconds` of a
     row: the method's sweep time / its number of runs). `worst_loss`: an evaluation metric
     whose curve is kept too (`curve_worst_loss`). With several devices (e.g.
     `XLA_FLAGS=--xla_force_host_platform_device_count=2`) the runs are sharded over them."""
@@ -127,14 +129,15 @@ def run_all(
         alg = build(name, model.loss, data.num_clients, hp)
 
         def make(hparams, alg=alg, name=name):  # one compiled program for all runs
-            if "lr" not in hparams:
+            if not hparams:
                 return alg
-            return build(name, model.loss, data.num_clients, {**hp, lr_key(name): hparams["lr"]})
+            swept = {lr_key(name) if k == "lr" else k: v for k, v in hparams.items()}
+            return build(name, model.loss, data.num_clients, {**hp, **swept})
 
         t0 = time.perf_counter()
         res = sweep(
             make, data, seeds=seeds, model=model, num_rounds=rounds, test=test,
-            grid={"lr": list(grid)} if grid else None,
+            grid={k: list(v) for k, v in grid.items()} if grid else None,
             mesh=runs_mesh() if jax.device_count() > 1 else None,
             evaluation=EvalSpec(every=every, clients=False, extra=extra), progress=False,
         )  # fmt: skip
@@ -145,6 +148,7 @@ def run_all(
                 "method": name,
                 "seed": run.seed,
                 "lr": run.hparams.get("lr", hp[lr_key(name)]),
+                **({"beta": run.hparams["beta"]} if "beta" in run.hparams else {}),
                 "seconds": seconds,
                 "worst": final[worst],
                 "mean": final[mean],
@@ -157,8 +161,9 @@ def run_all(
             if worst_loss:
                 row["curve_worst_loss"] = hist.eval_series(worst_loss)[1].tolist()
             rows.append(row)
+            beta = f" beta {row['beta']:g}" if "beta" in row else ""
             print(
-                f"{name:14s} lr {row['lr']:<7g} seed {run.seed}: worst {row['worst']:.4f} "
+                f"{name:14s} lr {row['lr']:<7g}{beta} seed {run.seed}: worst {row['worst']:.4f} "
                 f"mean {row['mean']:.4f} ({row['seconds']:.0f} s)",
                 flush=True,
             )
@@ -171,9 +176,10 @@ def _std(v: np.ndarray) -> float:
     return float(v.std(ddof=1)) if v.size > 1 else 0.0
 
 
-def _lrs(rows, name: str) -> list:
-    """The step sizes of `name`'s rows, ascending (`[None]` for rows without one)."""
-    return sorted({r.get("lr") for r in rows if r["method"] == name}, key=lambda v: v or 0.0)
+def _configs(rows, name: str) -> list:
+    """The (lr, beta) of `name`'s rows, ascending (None for a value a row does not carry)."""
+    cfgs = {(r.get("lr"), r.get("beta")) for r in rows if r["method"] == name}
+    return sorted(cfgs, key=lambda c: (c[0] or 0.0, c[1] or 0.0))
 
 
 def table(rows, methods, worst_loss: str | None = None) -> str:
@@ -181,9 +187,12 @@ def table(rows, methods, worst_loss: str | None = None) -> str:
     and of `final[worst_loss]` (the worst-group loss) when given."""
     head = "| method | worst | average |" + (" worst loss |" if worst_loss else "")
     lines = [head, "|---|---|---|" + ("---|" if worst_loss else "")]
-    for name, lr in [(n, lr) for n in methods for lr in _lrs(rows, n)]:
-        sel = [r for r in rows if r["method"] == name and r.get("lr") == lr]
-        label = name if len(_lrs(rows, name)) == 1 else f"{name} (lr {lr:g})"
+    for name, (lr, beta) in [(n, c) for n in methods for c in _configs(rows, n)]:
+        sel = [r for r in rows
+               if r["method"] == name and (r.get("lr"), r.get("beta")) == (lr, beta)]  # fmt: skip
+        tuned = ([f"lr {lr:g}"] if len(_configs(rows, name)) > 1 else []) + (
+            [f"beta {beta:g}"] if beta is not None else [])  # fmt: skip
+        label = f"{name} ({', '.join(tuned)})" if tuned else name
         w = np.array([r["worst"] for r in sel])
         m = np.array([r["mean"] for r in sel])
         if w.size:

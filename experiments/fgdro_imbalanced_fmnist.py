@@ -23,6 +23,8 @@ Per-method step-size grids (the paper tunes the initial step size per method in
 {1e-4, 1e-3, 1e-2, 1e-1}): `--grid` for the SGD-step methods, `--adam-grid` for FGDRO-KL-Adam
 and LocalAdam, `--method-grid NAME=a,b,c` per method; each method is then one sweep over its
 grid x `--seeds` (rows carry their `lr`); `fgdro_report.py --seeds FILE` selects per method.
+`--beta-grid` crosses the rates beta1 = beta2 = beta3 of FGDRO-KL / FGDRO-KL-Adam (the paper
+tunes beta in {0.01, 0.1, 0.2, 0.5}) with those methods' step-size grids (rows carry `beta`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import json
 import os
 
 import numpy as np
-from fgdro_common import ADAM_LR, METHODS, plot_rows, run_all, table
+from fgdro_common import ADAM_LR, BETA_METHODS, METHODS, plot_rows, run_all, table
 
 from fedjax_sim.data.builtin import read_fashion_mnist
 from fedjax_sim.data.dataset import federate
@@ -64,13 +66,27 @@ def main() -> None:
         "--adam-grid", type=float, nargs="*", default=None, help="lrs of " + str(ADAM_LR)
     )
     p.add_argument("--method-grid", nargs="*", default=[], metavar="METHOD=a,b,c")
+    p.add_argument(
+        "--beta-grid", type=float, nargs="*", default=None,
+        help="rates beta1 = beta2 = beta3 of " + str(BETA_METHODS) + ", crossed with their lrs",
+    )  # fmt: skip
     p.add_argument("--out", default=None)
     args = p.parse_args()
     out = args.out or os.path.join(OUT, f"fmnist_dir{args.alpha:g}.json")
     grids = {m: args.adam_grid if m in ADAM_LR else args.grid for m in args.methods}
     grids.update({k: [float(v) for v in vs.split(",")] for k, _, vs in
                   (item.partition("=") for item in args.method_grid)})  # fmt: skip
-    grids = {m: g for m, g in grids.items() if g} or None
+    if args.beta_grid and not all(0.0 < b <= 1.0 for b in args.beta_grid):
+        p.error(f"--beta-grid: every rate must be in (0, 1], got {args.beta_grid}")
+    betas = [m for m in args.methods if m in BETA_METHODS]
+    if args.beta_grid and not betas:
+        p.error(f"--beta-grid: none of --methods uses beta ({', '.join(BETA_METHODS)})")
+    if args.beta_grid and not all(grids.get(m) for m in betas):
+        p.error("--beta-grid needs a step-size grid for " + ", ".join(betas))
+    grids = {
+        m: {"lr": g, **({"beta": args.beta_grid} if args.beta_grid and m in betas else {})}
+        for m, g in grids.items() if g
+    } or None  # fmt: skip
     hp = dict(
         I=args.local_steps, B=args.batch_size, lr=0.05, adam_lr=0.001, prox_mu=0.01,
         fedadam_server_lr=0.01, drfa_gamma=0.002, dr_dsgd_temperature=2.0, K=20,

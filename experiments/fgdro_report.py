@@ -80,9 +80,22 @@ def _pair(d: np.ndarray, higher: bool) -> str:
     return f"{mean:+.4f} [{mean - half:+.4f}, {mean + half:+.4f}] ({better}/{d.size})"
 
 
+def config(r: dict, hparams: dict) -> tuple[float, float]:
+    """A row's tuned hyper-parameters (lr, beta); `beta` is the file's default where the row
+    did not sweep it."""
+    return r["lr"], r.get("beta", hparams["beta"])
+
+
+def label(cfg: tuple[float, float], cfgs) -> str:
+    """`cfg`'s step size, with its beta where the method's `cfgs` hold more than one."""
+    lr, beta = cfg
+    return f"{lr:g}" + (f" (beta {beta:g})" if len({b for _, b in cfgs}) > 1 else "")
+
+
 def load_sweeps(paths: list[str]) -> tuple[dict, list[dict]]:
-    """(hparams, rows) of one or more sweep files of the same setting, each (method, lr, seed)
-    run once; raises ValueError on differing settings or on a repeated run that differs."""
+    """(hparams, rows) of one or more sweep files of the same setting, each (method, lr, beta,
+    seed) run once; raises ValueError on differing settings or on a repeated run that
+    differs."""
     hparams, runs = None, {}
     for path in paths:
         with open(path) as f:
@@ -94,9 +107,11 @@ def load_sweeps(paths: list[str]) -> tuple[dict, list[dict]]:
                           if hparams.get(k) != blob["hparams"].get(k))  # fmt: skip
             raise ValueError(f"{path}: hparams {diff} differ from {paths[0]}'s")
         for r in blob["rows"]:
-            key = (r["method"], r["lr"], r["seed"])
-            same = {k: v for k, v in r.items() if k != "seconds"}  # wall time may differ
-            if key in runs and {k: v for k, v in runs[key].items() if k != "seconds"} != same:
+            key = (r["method"], *config(r, hparams), r["seed"])
+            # wall time may differ; `beta` is in the key (a row may leave the default implicit)
+            same = {k: v for k, v in r.items() if k not in ("seconds", "beta")}
+            if key in runs and {k: v for k, v in runs[key].items()
+                                if k not in ("seconds", "beta")} != same:  # fmt: skip
                 raise ValueError(f"{path}: run {key} differs from the same run in an earlier file")
             runs.setdefault(key, r)
     rows = list(runs.values())
@@ -111,19 +126,19 @@ def seeds_report(paths: list[str], stem: str) -> str:
     more files of one setting), written to STEM_table.md and STEM.png."""
     hp, rows = load_sweeps(paths)
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    arr: dict[str, dict[float, dict[str, np.ndarray]]] = {}
+    arr: dict[str, dict[tuple, dict[str, np.ndarray]]] = {}
     for m in methods:
-        for lr in sorted({r["lr"] for r in rows if r["method"] == m}):
-            sel = sorted((r for r in rows if r["method"] == m and r["lr"] == lr),
+        for cfg in sorted({config(r, hp) for r in rows if r["method"] == m}):
+            sel = sorted((r for r in rows if r["method"] == m and config(r, hp) == cfg),
                          key=lambda r: r["seed"])  # fmt: skip
             d = {key: np.array([r["final"][key] for r in sel]) for _, key, _ in METRICS}
             d["seed"] = np.array([r["seed"] for r in sel])
             d["initial_loss"] = np.array([r["curve_worst_loss"][0] for r in sel])  # round 0
             d["diverged"] = sum(r.get("nonfinite_round") is not None for r in sel)
-            arr.setdefault(m, {})[lr] = d
+            arr.setdefault(m, {})[cfg] = d
     acc, loss = METRICS[0][1], METRICS[1][1]
-    chosen = {m: max(a, key=lambda lr, a=a: (a[lr]["diverged"] == 0, a[lr][acc].mean(),
-                                             -a[lr][loss].mean()))
+    chosen = {m: max(a, key=lambda c, a=a: (a[c]["diverged"] == 0, a[c][acc].mean(),
+                                            -a[c][loss].mean()))
               for m, a in arr.items()}  # fmt: skip
     papers = PAPER_TABLE7.get(float(hp["alpha"]), {})  # {} for an alpha the paper did not run
     n_seeds = len(arr[methods[0]][chosen[methods[0]]]["seed"])
@@ -134,7 +149,12 @@ def seeds_report(paths: list[str], stem: str) -> str:
         "",
         f"I = {hp['I']} local steps of B = {hp['B']}, final model; mean +- std (ddof 1) over "
         "seeds. Selected lr: highest mean worst-class accuracy, ties by lowest worst-class loss, "
-        "step sizes with a diverged (non-finite) run excluded.",
+        "step sizes with a diverged (non-finite) run excluded"
+        + (
+            " (lr and beta jointly where beta was swept)."
+            if any(len({b for _, b in a}) > 1 for a in arr.values())
+            else "."
+        ),
         "",
         "## Every grid point (selected lr marked *)",
         "",
@@ -142,10 +162,12 @@ def seeds_report(paths: list[str], stem: str) -> str:
         "|---|---:|---:|" + "---:|" * len(METRICS) + "---:|",
     ]
     for m, a in arr.items():
-        for lr, d in a.items():
+        for cfg, d in a.items():
             cells = " | ".join(_ms(d[key]) for _, key, _ in METRICS)
-            mark = "*" if lr == chosen[m] else ""
-            lines.append(f"| {m} | {lr:g}{mark} | {d['seed'].size} | {cells} | {d['diverged']} |")
+            mark = "*" if cfg == chosen[m] else ""
+            lines.append(
+                f"| {m} | {label(cfg, a)}{mark} | {d['seed'].size} | {cells} | {d['diverged']} |"
+            )
     lines += [
         "",
         f"## Selected lr per method, with the paper's Dir({hp['alpha']:g}) worst / average "
@@ -163,7 +185,9 @@ def seeds_report(paths: list[str], stem: str) -> str:
         cells = " | ".join(_ms(d[key]) for _, key, _ in METRICS)
         gain = _pair(d[loss] - d["initial_loss"], higher=False)
         paper = "{:.4f} / {:.4f}".format(*papers[m]) if m in papers else "-"
-        lines.append(f"| {m} | {chosen[m]:g} | {d['seed'].size} | {cells} | {gain} | {paper} |")
+        lines.append(
+            f"| {m} | {label(chosen[m], a)} | {d['seed'].size} | {cells} | {gain} | {paper} |"
+        )
 
     def paired(x: str, y: str) -> str:
         dx, dy = arr[x][chosen[x]], arr[y][chosen[y]]
@@ -195,13 +219,14 @@ def seeds_report(paths: list[str], stem: str) -> str:
     text = "\n".join(lines) + "\n"
     with open(stem + "_table.md", "w") as f:
         f.write(text)
-    plot_seeds(rows, chosen, stem + ".png", f"Dir({hp['alpha']:g})")
+    plot_seeds(rows, hp, {m: (c, label(c, arr[m])) for m, c in chosen.items()}, stem + ".png",
+               f"Dir({hp['alpha']:g})")  # fmt: skip
     return text
 
 
-def plot_seeds(rows: list[dict], chosen: dict, path: str, title: str) -> None:
+def plot_seeds(rows: list[dict], hp: dict, chosen: dict, path: str, title: str) -> None:
     """Worst-class accuracy, worst-class loss and test accuracy over rounds per method at its
-    selected lr: mean and 95% CI band over seeds."""
+    selected `chosen[method] = (config, label)`: mean and 95% CI band over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -210,14 +235,14 @@ def plot_seeds(rows: list[dict], chosen: dict, path: str, title: str) -> None:
     keys = (("curve_worst", "worst-class acc"), ("curve_worst_loss", "worst-class loss"),
             ("curve_mean", "test acc"))  # fmt: skip
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-    for m, lr in chosen.items():
-        sel = [r for r in rows if r["method"] == m and r["lr"] == lr]
+    for m, (cfg, name) in chosen.items():
+        sel = [r for r in rows if r["method"] == m and config(r, hp) == cfg]
         x = sel[0]["curve_rounds"]
         for ax, (key, label) in zip(axes, keys, strict=True):
             v = np.asarray([r[key] for r in sel], np.float64)
             stats = np.array([mean_ci(v[:, t]) for t in range(v.shape[1])])
             mean, half = stats[:, 0], np.nan_to_num(stats[:, 1])
-            (line,) = ax.plot(x, mean, lw=1.5, label=f"{m} (lr {lr:g})")
+            (line,) = ax.plot(x, mean, lw=1.5, label=f"{m} (lr {name})")
             ax.fill_between(x, mean - half, mean + half, color=line.get_color(), alpha=0.2)
             ax.set(xlabel="round", ylabel=label, title=f"{title}: {label}, mean and 95% CI")
     axes[0].legend(fontsize=7)
