@@ -86,7 +86,7 @@ def config(r: dict, hparams: dict) -> tuple[float, float]:
     return r["lr"], r.get("beta", hparams["beta"])
 
 
-def label(cfg: tuple[float, float], cfgs) -> str:
+def lr_label(cfg: tuple[float, float], cfgs) -> str:
     """`cfg`'s step size, with its beta where the method's `cfgs` hold more than one."""
     lr, beta = cfg
     return f"{lr:g}" + (f" (beta {beta:g})" if len({b for _, b in cfgs}) > 1 else "")
@@ -166,7 +166,7 @@ def seeds_report(paths: list[str], stem: str) -> str:
             cells = " | ".join(_ms(d[key]) for _, key, _ in METRICS)
             mark = "*" if cfg == chosen[m] else ""
             lines.append(
-                f"| {m} | {label(cfg, a)}{mark} | {d['seed'].size} | {cells} | {d['diverged']} |"
+                f"| {m} | {lr_label(cfg, a)}{mark} | {d['seed'].size} | {cells} | {d['diverged']} |"
             )
     lines += [
         "",
@@ -186,7 +186,7 @@ def seeds_report(paths: list[str], stem: str) -> str:
         gain = _pair(d[loss] - d["initial_loss"], higher=False)
         paper = "{:.4f} / {:.4f}".format(*papers[m]) if m in papers else "-"
         lines.append(
-            f"| {m} | {label(chosen[m], a)} | {d['seed'].size} | {cells} | {gain} | {paper} |"
+            f"| {m} | {lr_label(chosen[m], a)} | {d['seed'].size} | {cells} | {gain} | {paper} |"
         )
 
     def paired(x: str, y: str) -> str:
@@ -219,7 +219,7 @@ def seeds_report(paths: list[str], stem: str) -> str:
     text = "\n".join(lines) + "\n"
     with open(stem + "_table.md", "w") as f:
         f.write(text)
-    plot_seeds(rows, hp, {m: (c, label(c, arr[m])) for m, c in chosen.items()}, stem + ".png",
+    plot_seeds(rows, hp, {m: (c, lr_label(c, arr[m])) for m, c in chosen.items()}, stem + ".png",
                f"Dir({hp['alpha']:g})")  # fmt: skip
     return text
 
