@@ -8,7 +8,8 @@ first call; at most `--max-sequential` calls are timed, their rate is the sequen
 Every measurement runs in its own process (peak RSS is process-wide) after one untimed
 warm-up call that compiles; compile seconds are reported apart. Each row also gives its
 training GFLOP/s (`train_flops`); with `--ceiling`, the same-run 2048^2 matmul rate bounds
-every ratio: no sweep can beat the sequential rate by more than that peak over its GFLOP/s.
+every ratio: no sweep can beat the sequential rate by more than that peak over its GFLOP/s;
+on digits it also times the local training alone (`training_ceiling`), a tighter bound.
 
 Workloads: `digits` = the default job of `fedjax-sim run` (FedAvg, digits, 100 clients,
 Dirichlet 0.5, MLP 64, cohort 10, 10 local steps of batch 16, evaluation every 20 rounds,
@@ -75,6 +76,19 @@ def build(workload: str):
     )
 
 
+def _best(f, *args, reps: int = 5) -> float:
+    """Fastest of `reps` timed calls of `f(*args)` after one untimed (compiling) call."""
+    import jax
+
+    jax.block_until_ready(f(*args))
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        out.append(time.perf_counter() - t0)
+    return min(out)
+
+
 def matmul_ceiling(runs: int) -> dict:
     """The digits job's dominant op, alone: a chain of 100 batched `[L, 16, 64] x [L, 64, 64]`
     matmuls (one hidden layer of a local step, batch 16) for L = 10 lanes (one run's cohort)
@@ -88,17 +102,8 @@ def matmul_ceiling(runs: int) -> dict:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    def best(f, *a, reps=5):
-        jax.block_until_ready(f(*a))
-        out = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(*a))
-            out.append(time.perf_counter() - t0)
-        return min(out)
-
     big = jnp.ones((2048, 2048), jnp.float32)
-    row = {"peak_gflops": 2 * 2048**3 / best(jax.jit(jnp.matmul), big, big) / 1e9}
+    row = {"peak_gflops": 2 * 2048**3 / _best(jax.jit(jnp.matmul), big, big) / 1e9}
     chain = jax.jit(
         lambda x, w: lax.fori_loop(
             0, 100, lambda i, x: jnp.tanh(jnp.einsum("lbi,lij->lbj", x, w)), x
@@ -106,7 +111,7 @@ def matmul_ceiling(runs: int) -> dict:
     )
     for lanes, name in ((10, "one_run"), (10 * runs, "R_runs")):
         x, w = jnp.ones((lanes, 16, 64)), jnp.full((lanes, 64, 64), 0.01)
-        row[f"{name}_gflops"] = 100 * 2 * lanes * 16 * 64 * 64 / best(chain, x, w) / 1e9
+        row[f"{name}_gflops"] = 100 * 2 * lanes * 16 * 64 * 64 / _best(chain, x, w) / 1e9
     n = len(jax.devices())
     if n > 1 and runs % n == 0:  # the same chain with the lanes sharded over the cores
         mesh = jax.make_mesh((n,), ("lanes",))
@@ -116,7 +121,87 @@ def matmul_ceiling(runs: int) -> dict:
         )
         x = jax.device_put(jnp.ones((10 * runs, 16, 64)), shard)
         w = jax.device_put(jnp.full((10 * runs, 64, 64), 0.01), shard)
-        row["R_runs_cores_gflops"] = 100 * 2 * 10 * runs * 16 * 64 * 64 / best(sharded, x, w) / 1e9
+        row["R_runs_cores_gflops"] = 100 * 2 * 10 * runs * 16 * 64 * 64 / _best(sharded, x, w) / 1e9
+    return row
+
+
+def training_ceiling(runs: int, rounds: int, local_steps: int = 10, batch: int = 16) -> dict:
+    """An upper bound on a digits sweep's runs/s: the local training its rounds must do,
+    alone. L = 10 R lanes (R runs' cohorts of 10 clients) each take `local_steps` SGD steps
+    of batch `batch` through the job's model shape (ReLU MLP 64-64-10, softmax cross-entropy)
+    on minibatches gathered beforehand, `rounds` times: no cohort or index draws, gathers,
+    optimizer state, aggregation or evaluation, so no sweep of this job can run faster.
+    Timed on one device and with the lanes sharded over one device per core, for two forms
+    of the weight gradient: `autodiff` (as the package's models compile) and `transposed`
+    (`x^T g` on an explicitly transposed `x` behind `lax.optimization_barrier`, the fastest
+    dot form found on XLA:CPU; see the README)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from jax import lax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    def dense_transposed_grad():
+        @jax.custom_vjp
+        def dense(h, w, b):
+            return h @ w + b
+
+        def backward(res, g):
+            h, w = res
+            return g @ w.T, lax.optimization_barrier(h.T) @ g, g.sum(0)
+
+        dense.defvjp(lambda h, w, b: (h @ w + b, (h, w)), backward)
+        return dense
+
+    lanes = 10 * runs
+    keys = jax.random.split(jax.random.key(0), 4)
+    params = (  # [L, 64, 64], [L, 64], [L, 64, 10], [L, 10]
+        0.1 * jax.random.normal(keys[0], (lanes, 64, 64)),
+        jnp.zeros((lanes, 64)),
+        0.1 * jax.random.normal(keys[1], (lanes, 64, 10)),
+        jnp.zeros((lanes, 10)),
+    )
+    x = jax.random.normal(keys[2], (lanes, local_steps, batch, 64))  # [L, K, B, 64]
+    y = jax.random.randint(keys[3], (lanes, local_steps, batch), 0, 10)  # [L, K, B]
+    flops = 6.0 * (64 * 64 + 64 * 10) * lanes * local_steps * batch * rounds
+    n = len(jax.devices())
+    row = {}
+    for form, dense in (
+        ("autodiff", lambda h, w, b: h @ w + b),
+        ("transposed", dense_transposed_grad()),
+    ):
+
+        def loss(p, xb, yb, dense=dense):
+            w1, b1, w2, b2 = p
+            logits = dense(jax.nn.relu(dense(xb, w1, b1)), w2, b2)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, yb).mean()
+
+        def client(p, xs, ys, loss=loss):
+            def sgd_step(p, minibatch):
+                g = jax.grad(loss)(p, *minibatch)
+                return jax.tree.map(lambda a, d: a - 0.1 * d, p, g), None
+
+            return lax.scan(sgd_step, p, (xs, ys))[0]
+
+        def train(p, x, y, client=client):
+            def training_round(p, _):
+                return jax.vmap(client)(p, x, y), None
+
+            return lax.scan(training_round, p, None, length=rounds)[0]
+
+        seconds = _best(jax.jit(train), params, x, y)
+        row[f"train_{form}_runs_per_s"] = runs / seconds
+        row[f"train_{form}_gflops"] = flops / seconds / 1e9
+        if n > 1 and lanes % n == 0:
+            mesh = jax.make_mesh((n,), ("lanes",))
+            sharded = jax.jit(
+                jax.shard_map(train, mesh=mesh, in_specs=P("lanes"), out_specs=P("lanes"))
+            )
+            args = jax.device_put((params, x, y), NamedSharding(mesh, P("lanes")))
+            seconds = _best(sharded, *args)
+            row[f"train_{form}_cores_runs_per_s"] = runs / seconds
+            row[f"train_{form}_cores_gflops"] = flops / seconds / 1e9
     return row
 
 
@@ -133,6 +218,7 @@ def measure(workload: str, runs: int, mode: str, rounds: int, max_seq: int) -> d
             "R": runs,
             "mode": mode,
             **matmul_ceiling(runs),
+            **(training_ceiling(runs, rounds) if workload == "digits" else {}),
             "load_avg_1m": os.getloadavg()[0],
         }
     alg, train, test, model, spec, flops = build(workload)
@@ -206,7 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-sequential", type=int, default=8)
     ap.add_argument("--groups", nargs="+", default=["auto"], choices=["auto", "all", "cores"])
     ap.add_argument(
-        "--ceiling", action="store_true", help="also time the dominant op alone (matmul_ceiling)"
+        "--ceiling",
+        action="store_true",
+        help="also time the dominant op alone (matmul_ceiling) and, on digits, the training "
+        "alone (training_ceiling)",
     )
     ap.add_argument("--out", default=None, help="append JSON lines here")
     ap.add_argument("--one", nargs=3, metavar=("WORKLOAD", "R", "MODE"), help=argparse.SUPPRESS)
@@ -257,6 +346,19 @@ def main(argv: list[str] | None = None) -> int:
                         f"load {row['load_avg_1m']:.1f}",
                         flush=True,
                     )
+                    seq = by_mode["sequential"]["runs_per_s"]
+                    for form in ("autodiff", "transposed"):
+                        cores = row.get(f"train_{form}_cores_runs_per_s")
+                        if cores is None:  # W1-100, or R not divisible by the cores
+                            continue
+                        row[f"train_{form}_cores_vs_sequential"] = cores / seq
+                        print(
+                            f"{w:7s} R={r:3d} training alone, {form} weight gradient: "
+                            f"{row[f'train_{form}_runs_per_s']:.1f} runs/s, over the cores "
+                            f"{cores:.1f} ({row[f'train_{form}_cores_gflops']:.0f} GFLOP/s) "
+                            f"= x{cores / seq:.2f} the sequential rate",
+                            flush=True,
+                        )
                 else:
                     if mode != "sequential":
                         row["speedup_vs_sequential"] = (
