@@ -89,6 +89,20 @@ def _best(f, *args, reps: int = 5) -> float:
     return min(out)
 
 
+def _best_over_cores(f, *args) -> float:
+    """`_best` of `f` run per device on its slice of every argument's leading axis, over
+    `runs_mesh()` (one device per core, as `--groups cores`)."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from fedjax_sim.sweep import RUNS_AXIS, runs_mesh
+
+    mesh, spec = runs_mesh(), P(RUNS_AXIS)
+    sharded = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=spec, out_specs=spec))
+    return _best(sharded, *jax.device_put(args, NamedSharding(mesh, spec)))
+
+
 def matmul_ceiling(runs: int) -> dict:
     """The digits job's dominant op, alone: a chain of 100 batched `[L, 16, 64] x [L, 64, 64]`
     matmuls (one hidden layer of a local step, batch 16) for L = 10 lanes (one run's cohort)
@@ -99,8 +113,6 @@ def matmul_ceiling(runs: int) -> dict:
     import jax
     import jax.numpy as jnp
     from jax import lax
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
     big = jnp.ones((2048, 2048), jnp.float32)
     row = {"peak_gflops": 2 * 2048**3 / _best(jax.jit(jnp.matmul), big, big) / 1e9}
@@ -114,14 +126,10 @@ def matmul_ceiling(runs: int) -> dict:
         row[f"{name}_gflops"] = 100 * 2 * lanes * 16 * 64 * 64 / _best(chain, x, w) / 1e9
     n = len(jax.devices())
     if n > 1 and runs % n == 0:  # the same chain with the lanes sharded over the cores
-        mesh = jax.make_mesh((n,), ("lanes",))
-        shard = NamedSharding(mesh, P("lanes"))
-        sharded = jax.jit(
-            jax.shard_map(chain, mesh=mesh, in_specs=P("lanes"), out_specs=P("lanes"))
+        x, w = jnp.ones((10 * runs, 16, 64)), jnp.full((10 * runs, 64, 64), 0.01)
+        row["R_runs_cores_gflops"] = (
+            100 * 2 * 10 * runs * 16 * 64 * 64 / _best_over_cores(chain, x, w) / 1e9
         )
-        x = jax.device_put(jnp.ones((10 * runs, 16, 64)), shard)
-        w = jax.device_put(jnp.full((10 * runs, 64, 64), 0.01), shard)
-        row["R_runs_cores_gflops"] = 100 * 2 * 10 * runs * 16 * 64 * 64 / _best(sharded, x, w) / 1e9
     return row
 
 
@@ -132,15 +140,14 @@ def training_ceiling(runs: int, rounds: int, local_steps: int = 10, batch: int =
     on minibatches gathered beforehand, `rounds` times: no cohort or index draws, gathers,
     optimizer state, aggregation or evaluation, so no sweep of this job can run faster.
     Timed on one device and with the lanes sharded over one device per core, for two forms
-    of the weight gradient: `autodiff` (as the package's models compile) and `transposed`
+    of the weight gradient: `autodiff` (`jax.grad` of `h @ w + b`, as in the package's flax
+    models) and `transposed`
     (`x^T g` on an explicitly transposed `x` behind `lax.optimization_barrier`, the fastest
     dot form found on XLA:CPU; see the README)."""
     import jax
     import jax.numpy as jnp
     import optax
     from jax import lax
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
     def dense_transposed_grad():
         @jax.custom_vjp
@@ -194,12 +201,7 @@ def training_ceiling(runs: int, rounds: int, local_steps: int = 10, batch: int =
         row[f"train_{form}_runs_per_s"] = runs / seconds
         row[f"train_{form}_gflops"] = flops / seconds / 1e9
         if n > 1 and lanes % n == 0:
-            mesh = jax.make_mesh((n,), ("lanes",))
-            sharded = jax.jit(
-                jax.shard_map(train, mesh=mesh, in_specs=P("lanes"), out_specs=P("lanes"))
-            )
-            args = jax.device_put((params, x, y), NamedSharding(mesh, P("lanes")))
-            seconds = _best(sharded, *args)
+            seconds = _best_over_cores(train, params, x, y)
             row[f"train_{form}_cores_runs_per_s"] = runs / seconds
             row[f"train_{form}_cores_gflops"] = flops / seconds / 1e9
     return row
@@ -349,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                     seq = by_mode["sequential"]["runs_per_s"]
                     for form in ("autodiff", "transposed"):
                         cores = row.get(f"train_{form}_cores_runs_per_s")
-                        if cores is None:  # W1-100, or R not divisible by the cores
+                        if cores is None:  # W1-100, or the lanes do not divide over the cores
                             continue
                         row[f"train_{form}_cores_vs_sequential"] = cores / seq
                         print(
