@@ -27,11 +27,10 @@ from fedjax_sim.config import (
     privacy_accounting,
     setup_devices,
 )
-from fedjax_sim.sweep_cli import SweepConfig, sweep_command
+from fedjax_sim.sweep_cli import EXIT_INTERRUPTED, SweepConfig, sweep_command
 from fedjax_sim.validate import UsageError
 
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 
 
 @dataclasses.dataclass
