@@ -24,6 +24,7 @@ from fedjax_sim.config import (
     build_run,
     check_config,
     explicit_fields,
+    parse_hparams,
     privacy_accounting,
     setup_devices,
 )
@@ -290,7 +291,12 @@ def bench(cfg: BenchConfig) -> int:
     for name in cfg.cohort_workloads:
         if name not in workloads.PRESETS:
             raise UsageError(f"unknown cohort workload {name!r}")
+    unknown = sorted(set(cfg.algorithms) - set(algorithms.ALGORITHMS))
+    if unknown:
+        raise UsageError(f"--algorithms {unknown}: not registered; see `fedjax-sim list`")
     try:
+        main = cfg.algorithm or workloads.PRESETS[cfg.workload].algorithm
+        workloads.check_hparams(main, parse_hparams(cfg.hparams))
         suites.run(cfg)
     except ValueError as e:
         raise UsageError(str(e)) from e

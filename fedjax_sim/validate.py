@@ -14,6 +14,7 @@ import json
 import math
 import os
 import string
+import tempfile
 import types
 import typing
 from collections.abc import Callable, Collection, Mapping
@@ -318,6 +319,7 @@ def check_writable_dir(path: str, name: str = "out") -> None:
             raise UsageError(f"{flag(name)} {path!r} exists and is not a folder")
         if not os.access(p, os.W_OK | os.X_OK):
             raise UsageError(f"{flag(name)} {path!r} is not writable")
+        _probe(p, f"{flag(name)} {path!r} is not writable")
         return
     parent = p
     while not os.path.exists(parent):
@@ -329,6 +331,16 @@ def check_writable_dir(path: str, name: str = "out") -> None:
         raise UsageError(f"{flag(name)} {path!r} cannot be created: {parent!r} is a file")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag(name)} {path!r} cannot be created: {parent!r} is not writable")
+    _probe(parent, f"{flag(name)} {path!r} cannot be created in {parent!r}")
+
+
+def _probe(folder: str, message: str) -> None:
+    """What `os.access` cannot tell (/proc, read-only mounts, root's view): a folder made in
+    `folder` and removed at once."""
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=folder))
+    except OSError as e:
+        raise UsageError(f"{message}: {e.strerror}") from None
 
 
 # ------------------------------------------------------------------------------ run configs
@@ -375,9 +387,7 @@ def check_run(cfg: Any, max_virtual_devices: int | None = None) -> str:
                 f"--devices {cfg.devices} exceeds --num-clients {cfg.num_clients} (the client "
                 "axis is what is sharded)"
             )
-        cap = max_virtual_devices or max(64, 4 * (os.cpu_count() or 1))
-        if cfg.devices > cap:
-            raise UsageError(f"--devices {cfg.devices}: more than {cap} devices on one host")
+        check_devices(cfg.devices, max_virtual_devices)
     if getattr(cfg, "resume", False) and getattr(cfg, "resume_or_start", False):
         raise UsageError("--resume and --resume-or-start are exclusive; give one")
     out = format_out(cfg.out, algorithm=cfg.algorithm, dataset=cfg.dataset)
@@ -427,9 +437,23 @@ def check_metric(
         raise UsageError(f"--metric {metric!r}: no run reports it; choose from {names}")
 
 
+def check_devices(devices: int, max_virtual_devices: int | None = None) -> None:
+    """Refuses more `--devices` than one host can have (virtual CPU devices: 4 per core)."""
+    cap = max_virtual_devices or max(64, 4 * (os.cpu_count() or 1))
+    if devices > cap:
+        raise UsageError(f"--devices {devices}: more than {cap} devices on one host")
+
+
 def check_bench(cfg: Any) -> str:
     """All checks of a bench config that need no JAX; returns the output folder."""
     check_fields(cfg)
+    if cfg.devices is not None:
+        check_devices(cfg.devices)
+        if cfg.clients is not None and cfg.devices > cfg.clients:
+            raise UsageError(
+                f"--devices {cfg.devices} exceeds --clients {cfg.clients} (the client axis is "
+                "what is sharded)"
+            )
     check_writable_dir(cfg.out)
     return cfg.out
 
