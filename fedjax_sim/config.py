@@ -188,13 +188,13 @@ def check_config(cfg: RunConfig) -> None:
         raise UsageError(f"--devices must be >= 1, got {cfg.devices}")
 
 
-def parse_hparams(items: Sequence[str]) -> dict[str, object]:
+def parse_hparams(items: Sequence[str], flag: str = "--hparams") -> dict[str, object]:
     """`["momentum=0.9", "server=adam"]` -> `{"momentum": 0.9, "server": "adam"}`."""
     out: dict[str, object] = {}
     for item in items:
         name, sep, raw = item.partition("=")
         if not sep or not name:
-            raise UsageError(f"--hparams entries must look like key=value, got {item!r}")
+            raise UsageError(f"{flag} entries must look like key=value, got {item!r}")
         try:
             out[name] = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
@@ -427,7 +427,10 @@ def _aggregator(cfg: RunConfig, num_clients: int):
         return None
     factory = robust.ROBUST[cfg.aggregator]
     args = validate.check_args(
-        "aggregator_args", cfg.aggregator, factory, parse_hparams(cfg.aggregator_args)
+        "aggregator_args",
+        cfg.aggregator,
+        factory,
+        parse_hparams(cfg.aggregator_args, "--aggregator-args"),
     )
     try:
         aggregator = factory(**args)
@@ -449,7 +452,11 @@ def _attack(cfg: RunConfig, data: Any):
     from fedjax_sim.algorithms.attacks import Attack
 
     args = validate.check_args(
-        "attack_args", cfg.attack, Attack, parse_hparams(cfg.attack_args), ATTACK_ARGS
+        "attack_args",
+        cfg.attack,
+        Attack,
+        parse_hparams(cfg.attack_args, "--attack-args"),
+        ATTACK_ARGS,
     )
     num_classes = None
     if cfg.attack == "label_flip":
