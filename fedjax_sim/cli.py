@@ -24,14 +24,14 @@ from fedjax_sim.config import (
     build_run,
     check_config,
     explicit_fields,
+    parse_hparams,
     privacy_accounting,
     setup_devices,
 )
-from fedjax_sim.sweep_cli import SweepConfig, sweep_command
+from fedjax_sim.sweep_cli import EXIT_INTERRUPTED, SweepConfig, sweep_command
 from fedjax_sim.validate import UsageError
 
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 
 
 @dataclasses.dataclass
@@ -291,7 +291,12 @@ def bench(cfg: BenchConfig) -> int:
     for name in cfg.cohort_workloads:
         if name not in workloads.PRESETS:
             raise UsageError(f"unknown cohort workload {name!r}")
+    unknown = sorted(set(cfg.algorithms) - set(algorithms.ALGORITHMS))
+    if unknown:
+        raise UsageError(f"--algorithms {unknown}: not registered; see `fedjax-sim list`")
     try:
+        main = cfg.algorithm or workloads.PRESETS[cfg.workload].algorithm
+        workloads.check_hparams(main, parse_hparams(cfg.hparams))
         suites.run(cfg)
     except ValueError as e:
         raise UsageError(str(e)) from e

@@ -18,6 +18,7 @@ import math
 from collections.abc import Collection, Sequence
 from typing import Any, Literal
 
+from fedjax_sim import validate
 from fedjax_sim.validate import UsageError
 
 
@@ -187,13 +188,13 @@ def check_config(cfg: RunConfig) -> None:
         raise UsageError(f"--devices must be >= 1, got {cfg.devices}")
 
 
-def parse_hparams(items: Sequence[str]) -> dict[str, object]:
+def parse_hparams(items: Sequence[str], flag: str = "--hparams") -> dict[str, object]:
     """`["momentum=0.9", "server=adam"]` -> `{"momentum": 0.9, "server": "adam"}`."""
     out: dict[str, object] = {}
     for item in items:
         name, sep, raw = item.partition("=")
         if not sep or not name:
-            raise UsageError(f"--hparams entries must look like key=value, got {item!r}")
+            raise UsageError(f"{flag} entries must look like key=value, got {item!r}")
         try:
             out[name] = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
@@ -425,28 +426,22 @@ def _aggregator(cfg: RunConfig, num_clients: int):
     if cfg.aggregator == "mean":
         return None
     factory = robust.ROBUST[cfg.aggregator]
-    return factory(**_typed_args("--aggregator-args", cfg.aggregator, factory, cfg.aggregator_args))
+    args = validate.check_args(
+        "aggregator_args",
+        cfg.aggregator,
+        factory,
+        parse_hparams(cfg.aggregator_args, "--aggregator-args"),
+    )
+    try:
+        aggregator = factory(**args)
+    except ValueError as e:
+        raise UsageError(f"--aggregator-args: {e}") from None
+    if cfg.cohort_sampling != "bernoulli":
+        validate.check_robust_cohort(cfg.aggregator, args, cfg.cohort_size or num_clients)
+    return aggregator
 
 
-def _typed_args(flag: str, what: str, factory: Any, items: Sequence[str]) -> dict[str, Any]:
-    params = inspect.signature(factory).parameters
-    out = {}
-    for name, value in parse_hparams(items).items():
-        if name not in params:
-            raise UsageError(f"{flag} {name}: {what} takes {sorted(params)}")
-        default = params[name].default
-        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if (
-            default is not None
-            and default is not inspect.Parameter.empty
-            and (type(value) is not type(default))
-        ):
-            raise UsageError(
-                f"{flag} {name}={value!r}: {what}'s {name} is a {type(default).__name__}"
-            )
-        out[name] = value
-    return out
+ATTACK_ARGS = ("sampling", "scale")  # the `Attack` fields --attack-args may set
 
 
 def _attack(cfg: RunConfig, data: Any):
@@ -456,13 +451,22 @@ def _attack(cfg: RunConfig, data: Any):
 
     from fedjax_sim.algorithms.attacks import Attack
 
-    args = _typed_args("--attack-args", cfg.attack, Attack, cfg.attack_args)
+    args = validate.check_args(
+        "attack_args",
+        cfg.attack,
+        Attack,
+        parse_hparams(cfg.attack_args, "--attack-args"),
+        ATTACK_ARGS,
+    )
     num_classes = None
     if cfg.attack == "label_flip":
         num_classes = 10 if data is None else int(np.max(np.asarray(data.y))) + 1
-    return Attack(
-        cfg.attack, cfg.byzantine_fraction, seed=cfg.seed, num_classes=num_classes, **args
-    )
+    try:
+        return Attack(
+            cfg.attack, cfg.byzantine_fraction, seed=cfg.seed, num_classes=num_classes, **args
+        )
+    except ValueError as e:
+        raise UsageError(f"--attack-args: {e}") from None
 
 
 def _concept_values(

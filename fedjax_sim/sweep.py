@@ -57,6 +57,7 @@ from fedjax_sim.parallel import ClientMap, batched_runs, client_mesh, fit_client
 from fedjax_sim.simulate import (
     INIT_PURPOSE,
     EvalSpec,
+    Interrupted,
     _compiled_evaluator,
     _next_multiple,
     check_run_args,
@@ -686,7 +687,8 @@ def sweep(
     except KeyboardInterrupt:
         if ckpt and r > last_saved:
             save_ckpt(r)
-        raise
+        saved = ckpt is not None and ckpt.latest_round() is not None
+        raise Interrupted(r, ckpt.directory if saved else None) from None
     finally:
         if bar is not None:
             bar.close()

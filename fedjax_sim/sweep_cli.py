@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 from collections.abc import Collection, Sequence
 from typing import Annotated, Any
 
@@ -34,6 +35,8 @@ from fedjax_sim.config import (
     setup_devices,
 )
 from fedjax_sim.validate import UsageError
+
+EXIT_INTERRUPTED = 130  # as `fedjax-sim run` (Ctrl-C)
 
 # numeric run flags that may be swept, and the hyper-parameter (concept) each sets
 GRID_FLAGS = {
@@ -168,18 +171,76 @@ def build_sweep(
     return dataset, model, make_algorithm, client_map
 
 
+def check_abstract(
+    cfg: SweepConfig,
+    grid: dict[str, list[float]],
+    dataset: Any,
+    model: Any,
+    make_algorithm: Any,
+    client_map: Any,
+    private: bool,
+) -> None:
+    """Checks on the traced shapes of one run (no compilation): the states of all runs fit
+    the available memory, and `--metric` / `--at-round` name something the runs record."""
+    import jax
+
+    from fedjax_sim.data.federated import tree_size_bytes
+    from fedjax_sim.parallel import batched_runs
+    from fedjax_sim.simulate import EvalSpec, _compiled_evaluator
+
+    key = jax.random.key(0)
+    algorithm = make_algorithm({name: values[0] for name, values in grid.items()})
+    evaluate = _compiled_evaluator(
+        model, EvalSpec(every=cfg.eval_every), client_map, dataset.test is not None
+    )
+    with batched_runs():  # shapes only: no client-map measuring
+        params = jax.eval_shape(model.init, key)
+        state = jax.eval_shape(algorithm.init, params, key)
+        metrics = jax.eval_shape(lambda s: algorithm.step(s, dataset.train, key)[1], state)
+        evals = jax.eval_shape(evaluate, params, dataset.train, dataset.test)
+    runs = cfg.seeds * math.prod(len(v) for v in grid.values())
+    validate.check_memory(
+        2 * tree_size_bytes(state),  # the states in and out of a chunk
+        runs,
+        validate.available_memory_bytes(jax.devices()[0]),
+        what=f"--seeds {cfg.seeds} x {runs // cfg.seeds} grid points: ",
+        items="runs",
+        advice="lower --seeds or the number of grid values",
+    )
+    validate.check_metric(
+        cfg.metric,
+        cfg.at_round,
+        set(metrics),
+        {*evals, *(("epsilon",) if private else ())},
+        cfg.rounds,
+        cfg.eval_every,
+    )
+
+
+def _check_resume(checkpoint_dir: str) -> None:
+    """Refuses `--resume` without a (readable) checkpoint to resume."""
+    from fedjax_sim.checkpoint import Checkpointer, CheckpointError
+
+    ckpt = Checkpointer(checkpoint_dir)
+    try:
+        latest = ckpt.latest_round()
+    except CheckpointError as e:
+        raise UsageError(f"--resume: {e}") from e
+    finally:
+        ckpt.close()
+    if latest is None:
+        raise UsageError(f"--resume: no checkpoint in {checkpoint_dir}; start without --resume")
+
+
 # ------------------------------------------------------------------------------ command
 def sweep_command(cfg: SweepConfig, explicit: set[str] | None = None) -> int:
     """`fedjax-sim sweep`: parse and check the grid, build the run, sweep, write results
     (`explicit`: the flags the user set, as for `run`)."""
-    out_dir = validate.check_run(cfg)
+    out_dir = validate.check_sweep(cfg)
     grid = parse_grid(cfg.grid)
-    if cfg.seeds < 1:
-        raise UsageError(f"--seeds must be >= 1, got {cfg.seeds}")
-    if cfg.runs_per_group is not None and cfg.runs_per_group < 1:
-        raise UsageError(f"--runs-per-group must be >= 1, got {cfg.runs_per_group}")
-    if cfg.coordinator is not None or cfg.num_processes is not None:
-        raise UsageError("sweep runs in one process; drop the multi-process flags")
+    checkpoint_dir = os.path.join(out_dir, "checkpoints")
+    if cfg.resume:
+        _check_resume(checkpoint_dir)
     try:
         check_config(cfg)
         from fedjax_sim.sweep import RUNS_AXIS  # jax imported, no device touched yet
@@ -190,7 +251,8 @@ def sweep_command(cfg: SweepConfig, explicit: set[str] | None = None) -> int:
         privacy = privacy_accounting(cfg, dataset.train.num_clients)
     except (ValueError, TypeError, FileNotFoundError) as e:
         raise UsageError(str(e)) from e
-    from fedjax_sim.simulate import EvalSpec
+    check_abstract(cfg, grid, dataset, model, make_algorithm, client_map, privacy is not None)
+    from fedjax_sim.simulate import EvalSpec, Interrupted
     from fedjax_sim.sweep import expand_grid, sweep
 
     runs = expand_grid(range(cfg.seed, cfg.seed + cfg.seeds), grid)
@@ -214,9 +276,7 @@ def sweep_command(cfg: SweepConfig, explicit: set[str] | None = None) -> int:
             runs_per_group=cfg.runs_per_group,
             memory_budget_bytes=budget,
             mesh=mesh,
-            checkpoint_dir=os.path.join(out_dir, "checkpoints")
-            if (cfg.checkpoint_every or cfg.resume)
-            else None,
+            checkpoint_dir=checkpoint_dir if (cfg.checkpoint_every or cfg.resume) else None,
             checkpoint_every=cfg.checkpoint_every,
             resume=cfg.resume,
             progress=cfg.progress,
@@ -227,9 +287,16 @@ def sweep_command(cfg: SweepConfig, explicit: set[str] | None = None) -> int:
             },
             privacy=None if privacy is None else privacy.epsilon,
         )
-        result.values(cfg.metric, cfg.at_round)  # a bad --metric / --at-round: one line
     except ValueError as e:
         raise UsageError(str(e)) from e
+    except Interrupted as e:
+        where = (
+            f"checkpoint saved to {e.checkpoint}; rerun the same command with --resume"
+            if e.checkpoint
+            else "nothing saved (--checkpoint-every N saves progress)"
+        )
+        print(f"\nfedjax-sim: interrupted at round {e.round}; {where}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     result.save(out_dir, cfg.metric, cfg.at_round)
     print(result.table(cfg.metric, cfg.at_round), end="")
     best = result.best(cfg.metric, cfg.at_round)

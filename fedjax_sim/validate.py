@@ -9,13 +9,15 @@ failure raises `UsageError` with one line naming the flag (`--field-name`) and t
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import os
 import string
+import tempfile
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Literal
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -42,12 +44,13 @@ class Range:
     lo_open: bool = False
     hi_open: bool = False
 
-    def check(self, name: str, value: float) -> None:
-        """Raises UsageError naming `name` if `value` is outside the interval."""
+    def check(self, name: str, value: float, label: str | None = None) -> None:
+        """Raises UsageError naming `label` (default: the flag of `name`) if `value` is
+        outside the interval."""
         bad_lo = self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo)
         bad_hi = self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi)
         if bad_lo or bad_hi:
-            raise UsageError(f"{flag(name)} must be {self.describe(bad_lo)}, got {value}")
+            raise UsageError(f"{label or flag(name)} must be {self.describe(bad_lo)}, got {value}")
 
     def describe(self, low_side: bool = True) -> str:
         """`>= 1`, `<= 4294967295` (technical maxima: only the violated side) or `in [0, 1]`."""
@@ -103,6 +106,10 @@ RULES: dict[str, Range] = {
     "target_epsilon": POSITIVE,
     "dp_quantile": Range(0, 1, lo_open=True, hi_open=True),
     "byzantine_fraction": Range(0, 1),
+    # sweep
+    "seeds": POSITIVE_INT,
+    "at_round": Range(0, INT32_MAX),
+    "runs_per_group": POSITIVE_INT,
     # bench
     "clients": POSITIVE_INT,
     "per_client": POSITIVE_INT,
@@ -198,6 +205,54 @@ def _type_name(hint: Any) -> str:
     )
 
 
+# ------------------------------------------------------------------------------ key=value args
+def check_args(
+    name: str,
+    what: str,
+    factory: Callable[..., Any],
+    values: Mapping[str, Any],
+    accepted: Collection[str] | None = None,
+) -> dict[str, Any]:
+    """Parsed `key=value` arguments of flag `name` (`aggregator_args`, `attack_args`) for
+    `factory`, checked against its annotations: unknown names (`accepted`: the names the flag
+    may set, default every parameter), wrong types (a number given as text, a float for an
+    integer) and non-finite numbers. Returns them, integers given for floats as floats. The
+    ranges are the factory's own checks."""
+    hints = typing.get_type_hints(factory)
+    names = sorted(inspect.signature(factory).parameters if accepted is None else accepted)
+    out = {}
+    for key, value in values.items():
+        if key not in names:
+            raise UsageError(f"{flag(name)} {key}: {what} takes {', '.join(names)}")
+        hint = hints.get(key, Any)
+        if type(value) is int and _matches(0.5, hint):
+            value = float(value)
+        if not _matches(value, hint):
+            raise UsageError(
+                f"{flag(name)} {key}={value!r}: {what}'s {key} must be {_type_name(hint)}"
+            )
+        if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= FLOAT32_MAX):
+            raise UsageError(f"{flag(name)} {key}={value!r}: must be a finite float32 number")
+        out[key] = value
+    return out
+
+
+def check_robust_cohort(aggregator: str, args: Mapping[str, Any], cohort: int) -> None:
+    """Refuses (multi-)Krum `--aggregator-args` that a cohort of `cohort` participants cannot
+    satisfy (`robust.min_participants`: n > 2 f + 2 and m <= n)."""
+    from fedjax_sim.algorithms.robust import min_participants
+
+    if aggregator not in ("krum", "multi_krum"):
+        return
+    need = min_participants(**{k: v for k, v in args.items() if k in ("f", "m")})
+    if cohort < need:
+        given = " ".join(f"{k}={v}" for k, v in args.items()) or "(defaults)"
+        raise UsageError(
+            f"--aggregator-args {given}: {aggregator} needs at least {need} participants "
+            f"(n > 2 f + 2 and m <= n), the cohort has {cohort}"
+        )
+
+
 # ------------------------------------------------------------------------------ config files
 def load_config_file(cls: type, path: str) -> dict[str, Any]:
     """Reads a `--config` JSON file: an object whose keys are field names of `cls` and whose
@@ -264,6 +319,7 @@ def check_writable_dir(path: str, name: str = "out") -> None:
             raise UsageError(f"{flag(name)} {path!r} exists and is not a folder")
         if not os.access(p, os.W_OK | os.X_OK):
             raise UsageError(f"{flag(name)} {path!r} is not writable")
+        _probe(p, f"{flag(name)} {path!r} is not writable")
         return
     parent = p
     while not os.path.exists(parent):
@@ -275,6 +331,16 @@ def check_writable_dir(path: str, name: str = "out") -> None:
         raise UsageError(f"{flag(name)} {path!r} cannot be created: {parent!r} is a file")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag(name)} {path!r} cannot be created: {parent!r} is not writable")
+    _probe(parent, f"{flag(name)} {path!r} cannot be created in {parent!r}")
+
+
+def _probe(folder: str, message: str) -> None:
+    """What `os.access` cannot tell (/proc, read-only mounts, root's view): a folder made in
+    `folder` and removed at once."""
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=folder))
+    except OSError as e:
+        raise UsageError(f"{message}: {e.strerror}") from None
 
 
 # ------------------------------------------------------------------------------ run configs
@@ -321,9 +387,7 @@ def check_run(cfg: Any, max_virtual_devices: int | None = None) -> str:
                 f"--devices {cfg.devices} exceeds --num-clients {cfg.num_clients} (the client "
                 "axis is what is sharded)"
             )
-        cap = max_virtual_devices or max(64, 4 * (os.cpu_count() or 1))
-        if cfg.devices > cap:
-            raise UsageError(f"--devices {cfg.devices}: more than {cap} devices on one host")
+        check_devices(cfg.devices, max_virtual_devices)
     if getattr(cfg, "resume", False) and getattr(cfg, "resume_or_start", False):
         raise UsageError("--resume and --resume-or-start are exclusive; give one")
     out = format_out(cfg.out, algorithm=cfg.algorithm, dataset=cfg.dataset)
@@ -331,9 +395,65 @@ def check_run(cfg: Any, max_virtual_devices: int | None = None) -> str:
     return out
 
 
+def check_sweep(cfg: Any) -> str:
+    """All checks of a sweep config that need neither data nor JAX; returns the output
+    folder."""
+    out = check_run(cfg)
+    last = cfg.seed + cfg.seeds - 1
+    if last > UINT32_MAX:
+        raise UsageError(
+            f"--seeds {cfg.seeds}: the last run's seed {last} exceeds {UINT32_MAX} "
+            f"(--seed {cfg.seed} + --seeds - 1)"
+        )
+    if any(v is not None for v in (cfg.coordinator, cfg.num_processes, cfg.process_id)):
+        raise UsageError("--num-processes: sweep runs in one process; drop the multi-process flags")
+    return out
+
+
+def check_metric(
+    metric: str,
+    at_round: int | None,
+    round_metrics: Collection[str],
+    eval_metrics: Collection[str],
+    rounds: int,
+    eval_every: int,
+) -> None:
+    """Refuses a sweep's `--metric` that no run reports, and an `--at-round` where it is not
+    recorded: evaluation metrics at rounds 0, eval_every, 2 eval_every, ... and the last
+    round; per-round metrics at rounds 1..rounds (`SweepResult.values`)."""
+    if metric in eval_metrics:
+        if at_round is not None and not (
+            at_round == rounds or (at_round <= rounds and at_round % eval_every == 0)
+        ):
+            raise UsageError(
+                f"--at-round {at_round}: {metric} is evaluated at round 0, every --eval-every "
+                f"{eval_every} rounds and at --rounds {rounds}"
+            )
+    elif metric in round_metrics:
+        if at_round is not None and not 1 <= at_round <= rounds:
+            raise UsageError(f"--at-round {at_round}: {metric} is recorded at rounds 1..{rounds}")
+    else:
+        names = ", ".join(sorted({*eval_metrics, *round_metrics}))
+        raise UsageError(f"--metric {metric!r}: no run reports it; choose from {names}")
+
+
+def check_devices(devices: int, max_virtual_devices: int | None = None) -> None:
+    """Refuses more `--devices` than one host can have (virtual CPU devices: 4 per core)."""
+    cap = max_virtual_devices or max(64, 4 * (os.cpu_count() or 1))
+    if devices > cap:
+        raise UsageError(f"--devices {devices}: more than {cap} devices on one host")
+
+
 def check_bench(cfg: Any) -> str:
     """All checks of a bench config that need no JAX; returns the output folder."""
     check_fields(cfg)
+    if cfg.devices is not None:
+        check_devices(cfg.devices)
+        if cfg.clients is not None and cfg.devices > cfg.clients:
+            raise UsageError(
+                f"--devices {cfg.devices} exceeds --clients {cfg.clients} (the client axis is "
+                "what is sharded)"
+            )
     check_writable_dir(cfg.out)
     return cfg.out
 
@@ -396,16 +516,18 @@ def check_memory(
     available_bytes: int | None,
     *,
     what: str = "",
+    items: str = "live clients",
+    advice: str = "lower --batch-size, --cohort-size, --map-batch-size or --hidden",
 ) -> int:
-    """Refuses a configuration whose live clients' working set cannot fit the available
-    memory, using the planner `parallel.fit_client_map`'s notion of per-client bytes. Returns
-    the estimate."""
+    """Refuses a configuration whose live clients' (or a sweep's runs') working set cannot
+    fit the available memory, using the planner `parallel.fit_client_map`'s notion of
+    per-client bytes. Returns the estimate."""
     need = per_client_bytes * live_clients
     if available_bytes is not None and need > available_bytes:
         raise UsageError(
-            f"{what}needs an estimated {need / 2**30:.2f} GiB ({live_clients} live clients x "
-            f"{per_client_bytes / 2**20:.1f} MiB), more than the {available_bytes / 2**30:.2f} "
-            "GiB available; lower --batch-size, --cohort-size, --map-batch-size or --hidden"
+            f"{what}needs an estimated {need / 2**30:.2f} GiB ({live_clients} {items} x "
+            f"{per_client_bytes / 2**20:.3g} MiB), more than the {available_bytes / 2**30:.2f} "
+            f"GiB available; {advice}"
         )
     return need
 

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import fedjax_sim.sweep
 from fedjax_sim import cli, validate
 from fedjax_sim.checkpoint import Checkpointer
 
@@ -108,6 +109,152 @@ BAD: list[tuple[list[str], str]] = [
     (["bench", "--workload", "nope"], "workload"),
     (["bench", "--suite", "nope"], "--suite"),
     (["bench", "--peak-n", "0"], "--peak-n"),
+]
+
+# issue 34: sweep, privacy, robust aggregation, attacks and bench
+KRUM = ["--aggregator", "krum", "--aggregator-args"]
+MKRUM = ["--aggregator", "multi_krum", "--aggregator-args"]
+BAD_34: list[tuple[list[str], str]] = [
+    # aggregator arguments: ranges, names, types, the cohort (10 of 100)
+    *[(["run", *KRUM, a], "--aggregator-args") for a in ["f=5", "f=4", "f=-1", "f=1.5", "f=x"]],
+    *[(["run", *MKRUM, a], "--aggregator-args") for a in ["m=20", "m=11", "m=0", "f=4"]],
+    (["run", *MKRUM, "m=8", "--cohort-size", "5"], "--aggregator-args"),
+    *[
+        (["run", "--aggregator", agg, "--aggregator-args", a], "--aggregator-args")
+        for agg, a in [
+            ("trimmed_mean", "beta=0.5"),
+            ("trimmed_mean", "beta=-0.1"),
+            ("trimmed_mean", "beta=abc"),
+            ("trimmed_mean", "beta=nan"),
+            ("trimmed_mean", "gamma=0.1"),
+            ("trimmed_mean", "chunk=0"),
+            ("median", "chunk=-2"),
+            ("median", "beta=0.1"),
+            ("geometric_median", "iters=0"),
+            ("geometric_median", "iters=2.5"),
+            ("geometric_median", "nu=0"),
+            ("geometric_median", "nu=-1"),
+            ("geometric_median", "nu=inf"),
+            ("centered_clip", "tau=0"),
+            ("centered_clip", "tau=-1"),
+            ("centered_clip", "tau=1e39"),
+            ("centered_clip", "iters=0"),
+            ("centered_clip", "tau"),
+        ]
+    ],
+    (["run", "--aggregator-args", "beta=0.1"], "--aggregator-args"),
+    (["run", "--aggregator", "nope"], "--aggregator"),
+    # attacks: scale finite and of the kind's sign, names, types, fraction
+    *[
+        (["run", "--attack", kind, "--attack-args", a], "--attack-args")
+        for kind, a in [
+            ("gaussian", "scale=-1"),
+            ("gaussian", "scale=abc"),
+            ("gaussian", "scale=inf"),
+            ("gaussian", "scale=nan"),
+            ("sign_flip", "scale=0"),
+            ("sign_flip", "scale=-2"),
+            ("scale", "scale=-10"),
+            ("scale", "scale=0"),
+            ("alie", "scale=-1"),
+            ("label_flip", "scale=2"),
+            ("sign_flip", "fraction=0.5"),
+            ("sign_flip", "kind=scale"),
+            ("sign_flip", "seed=3"),
+            ("sign_flip", "sampling=sometimes"),
+            ("sign_flip", "sampling=1"),
+            ("sign_flip", "bogus"),
+        ]
+    ],
+    (["run", "--attack", "nope"], "--attack"),
+    (["run", "--attack", "sign_flip", "--byzantine-fraction", "1.5"], "--byzantine-fraction"),
+    (["run", "--attack", "sign_flip", "--byzantine-fraction", "-0.1"], "--byzantine-fraction"),
+    (["run", "--attack", "sign_flip", "--byzantine-fraction", "nan"], "--byzantine-fraction"),
+    (["run", "--byzantine-fraction", "0.2"], "--byzantine-fraction"),
+    (["run", "--attack-args", "scale=2"], "--attack-args"),
+    # privacy
+    (["run", "--dp-clip", "0"], "--dp-clip"),
+    (["run", "--dp-clip", "-1"], "--dp-clip"),
+    (["run", "--dp-clip", "nan"], "--dp-clip"),
+    (["run", "--dp-clip", "1", "--dp-noise", "-1"], "--dp-noise"),
+    (["run", "--dp-clip", "1", "--dp-noise", "inf"], "--dp-noise"),
+    (["run", "--dp-clip", "1", "--dp-delta", "0"], "--dp-delta"),
+    (["run", "--dp-clip", "1", "--dp-delta", "1"], "--dp-delta"),
+    (["run", "--dp-clip", "1", "--dp-quantile", "1"], "--dp-quantile"),
+    (["run", "--dp-clip", "1", "--dp-quantile", "0"], "--dp-quantile"),
+    (["run", "--dp-clip", "1", "--target-epsilon", "0"], "--target-epsilon"),
+    (["run", "--dp-clip", "1", "--target-epsilon", "-1"], "--target-epsilon"),
+    (["run", "--dp-clip", "1", "--dp-accountant", "moments"], "--dp-accountant"),
+    (["run", "--dp-noise", "1"], "--dp-noise"),
+    (["run", "--dp-delta", "1e-6"], "--dp-delta"),
+    (["run", "--dp-clip", "1", "--aggregator", "median"], "--dp-clip"),
+    (["run", "--dp-clip", "1", "--target-epsilon", "1", "--dp-noise", "1"], "--target-epsilon"),
+    (["run", "--dp-clip", "1", "--cohort-sampling", "proportional"], "--dp-clip"),
+    # sweep: its own flags and every grid value
+    (["sweep", "--seeds", "0"], "--seeds"),
+    (["sweep", "--seeds", "-3"], "--seeds"),
+    (["sweep", "--seeds", "abc"], "--seeds"),
+    (["sweep", "--seeds", "99999999999"], "--seeds"),
+    (["sweep", "--seed", "4294967295", "--seeds", "2"], "--seeds"),
+    (["sweep", "--runs-per-group", "0"], "--runs-per-group"),
+    (["sweep", "--at-round", "-1"], "--at-round"),
+    (["sweep", "--at-round", "x"], "--at-round"),
+    (["sweep", "--memory-budget-gb", "nan"], "--memory-budget-gb"),
+    (["sweep", "--memory-budget-gb", "0"], "--memory-budget-gb"),
+    (["sweep", "--grid", "client_lr"], "--grid"),
+    (["sweep", "--grid", "client_lr="], "--grid"),
+    (["sweep", "--grid", "client_lr=a,b"], "--grid"),
+    (["sweep", "--grid", "client_lr=0.1,nan"], "--grid"),
+    (["sweep", "--grid", "client_lr=0.1,0"], "--grid"),
+    (["sweep", "--grid", "server_lr=-1"], "--grid"),
+    (["sweep", "--grid", "mu=-1"], "--grid"),
+    (["sweep", "--grid", "nosuch=1"], "--grid"),
+    (["sweep", "--grid", "momentum=0.9"], "--grid"),
+    (["sweep", "--grid", "mu=0", "--grid", "mu=1"], "--grid"),
+    (["sweep", "--resume"], "--resume"),
+    (["sweep", "--num-processes", "2"], "--num-processes"),
+    (["sweep", "--out", ""], "--out"),
+    (["sweep", "--rounds", "0"], "--rounds"),
+    (["sweep", "--aggregator", "krum", "--aggregator-args", "f=5"], "--aggregator-args"),
+    (["sweep", "--attack", "gaussian", "--attack-args", "scale=-1"], "--attack-args"),
+    (["sweep", "--dp-clip", "1", "--dp-delta", "2"], "--dp-delta"),
+    # bench
+    (["bench", "--hparams", "foo=1"], "--hparams"),
+    (["bench", "--devices", "1000"], "--devices"),
+    (["bench", "--devices", "0"], "--devices"),
+    (["bench", "--devices", "8", "--clients", "4"], "--devices"),
+    (["bench", "--algorithms", "nope"], "--algorithms"),
+    (["bench", "--algorithm", "nope"], "algorithm"),
+    (["bench", "--map-batch", "0"], "--map-batch"),
+    (["bench", "--per-client", "0"], "--per-client"),
+    (["bench", "--local-steps", "0"], "--local-steps"),
+    (["bench", "--batch-size", "-1"], "--batch-size"),
+    (["bench", "--steps-list", "1", "0"], "--steps-list"),
+    (["bench", "--map-batches", "0"], "--map-batches"),
+    (["bench", "--memory-rounds", "0"], "--memory-rounds"),
+    (["bench", "--torch-threads", "0"], "--torch-threads"),
+    (["bench", "--repeats", "abc"], "--repeats"),
+    (["bench", "--mode", "pmap"], "--mode"),
+    (["bench", "--hidden", "0"], "--hidden"),
+    # output folder that access() calls writable
+    (["run", "--out", "/proc/x"], "--out"),
+]
+
+# after loading the data and tracing one run's shapes (no compilation)
+BAD_34_TRACED: list[tuple[list[str], str]] = [
+    (["sweep", "--seeds", "1000000000"], "--seeds"),
+    (["sweep", "--metric", "nosuch"], "--metric"),
+    (["sweep", "--at-round", "7"], "--at-round"),
+    (["sweep", "--at-round", "201"], "--at-round"),
+    (["sweep", "--metric", "train_loss", "--at-round", "0"], "--at-round"),
+    (["sweep", "--algorithm", "fedadam", "--grid", "b2=0.9,1.5"], "--grid b2=1.5"),
+    (["sweep", "--algorithm", "fedadam", "--grid", "b1=-0.1"], "--grid b1"),
+    (["sweep", "--algorithm", "fedadam", "--grid", "eps=0"], "--grid eps"),
+    (["sweep", "--algorithm", "fedavgm", "--grid", "momentum=0.5,1"], "--grid momentum"),
+    (["sweep", "--algorithm", "fedprox", "--grid", "mu=0,-0.1"], "--grid mu"),
+    (["sweep", "--algorithm", "fedsam", "--grid", "rho=-1"], "--grid rho"),
+    (["sweep", "--algorithm", "fedcm", "--grid", "momentum=1.5"], "--grid momentum"),
+    (["sweep", "--algorithm", "feddyn", "--grid", "regularization=0"], "--grid regularization"),
 ]
 
 # --config files: (JSON text, the key the message must name)
@@ -261,3 +408,52 @@ def test_list_partitioners_are_the_accepted_ones(capsys):
 def test_divergence_warning():
     assert validate.divergence_message([1.0] * 10 + [50.0] * 10) is not None
     assert validate.divergence_message([2.0, 1.0, 0.5, 0.4]) is None
+
+
+# ------------------------------------------------------------------------------ issue 34
+def test_issue_34_has_120_bad_invocations():
+    assert len(BAD_34) + len(BAD_34_TRACED) >= 120
+
+
+@pytest.mark.parametrize("args, names", BAD_34, ids=[" ".join(a)[:60] for a, _ in BAD_34])
+def test_issue_34_refused(capsys, workdir, args, names):
+    _refused(capsys, workdir, [*args, "--no-progress"] if args[0] != "bench" else args, names)
+
+
+@pytest.mark.parametrize(
+    "args, names", BAD_34_TRACED, ids=[" ".join(a)[:60] for a, _ in BAD_34_TRACED]
+)
+def test_issue_34_refused_before_compiling(capsys, workdir, monkeypatch, args, names):
+    """Refused after the data is loaded and one run is traced, before the sweep (its
+    compilation) starts."""
+
+    def started(*args, **kwargs):
+        raise AssertionError("the sweep started")
+
+    monkeypatch.setattr(fedjax_sim.sweep, "sweep", started)
+    _refused(capsys, workdir, [*args, "--no-progress"], names)
+
+
+def test_sweep_interrupt_names_the_saved_checkpoint(capsys, workdir, monkeypatch):
+    """Ctrl-C after round 2 of a checkpointed sweep: exit 130 and the checkpoint's folder,
+    which holds round 2."""
+    from fedjax_sim.history import History
+
+    append = History.append_eval
+
+    def interrupt_at_round_2(self, round_, values):
+        append(self, round_, values)
+        if round_ == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(History, "append_eval", interrupt_at_round_2)
+    args = ["sweep", "--rounds", "4", "--eval-every", "1", "--checkpoint-every", "1"]
+    args += ["--seeds", "1", "--num-clients", "20", "--hidden", "8", "--no-progress"]
+    assert cli.main(args) == 130
+    err = capsys.readouterr().err.strip()
+    directory = workdir / "results" / "sweep_fedavg_digits" / "checkpoints"
+    assert err == (
+        f"fedjax-sim: interrupted at round 2; checkpoint saved to {directory}; "
+        "rerun the same command with --resume"
+    ), err
+    assert Checkpointer(str(directory)).latest_round() == 2

@@ -30,8 +30,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from fedjax_sim.algorithms.compose import check_number
+
 KINDS = ("sign_flip", "scale", "gaussian", "alie", "label_flip")
-ATTACK_NOISE = 0x5A77AC  # folded into the client's key for the Gaussian attack
+ATTACK_NOISE = 0x5A77AC
+# allowed `scale` per kind: a factor sent with the update's sign flipped / kept, a std, a z
+SCALE_RANGE = {
+    "sign_flip": (lambda v: 0 < v < float("inf"), "a finite number > 0"),
+    "scale": (lambda v: 0 < v < float("inf"), "a finite number > 0"),
+    "gaussian": (lambda v: 0 <= v < float("inf"), "a finite number >= 0"),
+    "alie": (lambda v: 0 <= v < float("inf"), "a finite number >= 0"),
+}  # folded into the client's key for the Gaussian attack
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +72,11 @@ class Attack:
             raise ValueError(f"byzantine fraction must be in [0, 1], got {self.fraction}")
         if self.sampling not in ("fixed", "round"):
             raise ValueError(f"attack sampling must be fixed|round, got {self.sampling!r}")
+        if self.scale is not None:
+            if self.kind not in SCALE_RANGE:
+                raise ValueError(f"{self.kind} attack takes no scale, got {self.scale!r}")
+            ok, requirement = SCALE_RANGE[self.kind]
+            check_number(f"{self.kind} attack scale", self.scale, ok, requirement)
         if self.kind == "label_flip" and not (self.num_classes and self.num_classes >= 2):
             raise ValueError("label_flip needs num_classes >= 2")
         if self.ids is not None:

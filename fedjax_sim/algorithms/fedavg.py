@@ -30,6 +30,8 @@ import optax
 from fedjax_sim.algorithms.compose import (
     LocalHook,
     Options,
+    check_number,
+    positive,
     preset,
     synchronous,
 )
@@ -77,6 +79,13 @@ def named_server_optimizer(
 ) -> optax.GradientTransformation:
     """Server optimizers of Reddi et al. by name: sgd, momentum (FedAvgM), adam (FedAdam),
     yogi (FedYogi), adagrad (FedAdagrad). `eps` is their tau (adaptivity)."""
+    if name == "momentum":
+        check_number("server momentum", momentum, lambda v: 0 <= v < 1, "in [0, 1)")
+    if name in ("adam", "yogi"):
+        check_number("server b1", b1, lambda v: 0 <= v < 1, "in [0, 1)")
+        check_number("server b2", b2, lambda v: 0 <= v < 1, "in [0, 1)")
+    if name in ("adam", "yogi", "adagrad"):
+        positive("server eps", eps)
     if name == "sgd":
         return optax.sgd(learning_rate)
     if name == "momentum":

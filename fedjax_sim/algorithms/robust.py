@@ -162,8 +162,8 @@ def krum_scores(d2: jax.Array, valid: jax.Array, f: int) -> jax.Array:
 def multi_krum(f: int = 1, m: int = 1) -> Aggregator:
     """Multi-Krum (Blanchard et al. 2017): the mean of the `m` participants with the lowest
     Krum scores (ties: the lower cohort position); `m = 1` is Krum. `f` is the assumed number
-    of Byzantine clients (Krum's guarantee needs n > 2 f + 2). Metric `krum_selected`: how
-    many updates were averaged."""
+    of Byzantine clients (Krum's guarantee needs n > 2 f + 2 participants, and m <= n:
+    `min_participants`). Metric `krum_selected`: how many updates were averaged."""
     if not (isinstance(f, int) and f >= 0):
         raise ValueError(f"krum f must be an int >= 0, got {f!r}")
     if not (isinstance(m, int) and m >= 1):
@@ -184,6 +184,12 @@ def multi_krum(f: int = 1, m: int = 1) -> Aggregator:
         return update, server, {"krum_selected": jnp.sum(c)}
 
     return _stacked(reduce)
+
+
+def min_participants(f: int = 1, m: int = 1) -> int:
+    """Fewest participants n for which (multi-)Krum with `f` and `m` is defined: n > 2 f + 2
+    (Blanchard et al.'s condition) and n >= m."""
+    return max(2 * f + 3, m)
 
 
 def krum(f: int = 1) -> Aggregator:
@@ -208,8 +214,8 @@ def geometric_median(iters: int = 10, nu: float = 1e-6) -> Aggregator:
     mean, `v <- sum_i beta_i z_i / sum_i beta_i` with `beta_i = alpha_i / max(nu, ||v -
     z_i||)`, alpha_i the cohort weights (0 for padding). Metric `gm_objective`: the weighted
     sum of distances at the result."""
-    if not (isinstance(iters, int) and iters >= 0):
-        raise ValueError(f"geometric median iters must be an int >= 0, got {iters!r}")
+    if not (isinstance(iters, int) and iters >= 1):
+        raise ValueError(f"geometric median iters must be an int >= 1, got {iters!r}")
     positive("geometric median nu", nu)
 
     def reduce(server, total, weight, stacked, weights, key):

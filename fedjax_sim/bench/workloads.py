@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Collection
 from typing import Any, NamedTuple
 
 import jax
@@ -288,6 +289,18 @@ def missing_required(name: str, offered: dict[str, Any]) -> list[str]:
     return [p.name for p in params if p.default is p.empty and p.name not in offered]
 
 
+def check_hparams(algorithm: str, names: Collection[str]) -> dict[str, Any]:
+    """The hyper-parameters of `algorithm` (ValueError naming the `--hparams` `names` it
+    does not take)."""
+    takes = hyper_parameters(algorithms.ALGORITHMS[algorithm])
+    unknown = set(names) - set(takes)
+    if unknown:
+        raise ValueError(
+            f"--hparams {sorted(unknown)} not accepted by {algorithm}; it takes {sorted(takes)}"
+        )
+    return takes
+
+
 def make_algorithm(w: Workload, data: FederatedData | None = None) -> Algorithm:
     """Builds `w.algorithm` through the registry with the offered arguments it takes
     (ValueError naming any required hyper-parameter the generic workload cannot provide, or
@@ -300,10 +313,7 @@ def make_algorithm(w: Workload, data: FederatedData | None = None) -> Algorithm:
     missing = missing_required(w.algorithm, offered)
     if missing:
         raise ValueError(f"{w.algorithm} requires hyper-parameters {missing} (pass --hparams)")
-    takes = hyper_parameters(algorithms.ALGORITHMS[w.algorithm])
-    unknown = set(dict(w.hparams)) - set(takes)
-    if unknown:
-        raise ValueError(f"--hparams {sorted(unknown)} not accepted by {w.algorithm}")
+    takes = check_hparams(w.algorithm, dict(w.hparams))
     model = make_model(w)
     kwargs = {k: v for k, v in offered.items() if k in takes}
     return algorithms.build(w.algorithm, model.loss, **kwargs)
