@@ -33,14 +33,14 @@ import jax.numpy as jnp
 from fedjax_sim.algorithms.compose import check_number
 
 KINDS = ("sign_flip", "scale", "gaussian", "alie", "label_flip")
-ATTACK_NOISE = 0x5A77AC
+ATTACK_NOISE = 0x5A77AC  # folded into the client's key for the Gaussian attack
 # allowed `scale` per kind: a factor sent with the update's sign flipped / kept, a std, a z
 SCALE_RANGE = {
     "sign_flip": (lambda v: 0 < v < float("inf"), "a finite number > 0"),
     "scale": (lambda v: 0 < v < float("inf"), "a finite number > 0"),
     "gaussian": (lambda v: 0 <= v < float("inf"), "a finite number >= 0"),
     "alie": (lambda v: 0 <= v < float("inf"), "a finite number >= 0"),
-}  # folded into the client's key for the Gaussian attack
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,12 +1,18 @@
-"""Every preset equals the implementation it replaced (issue 18): the params and metrics of
-each case of `golden_cases.py` over several rounds (async: event iterations), in float64,
-against `golden/presets.npz` recorded with the old drivers (see `golden/README.md`).
+"""Golden pins: the params and metrics of each case of `golden_cases.py` over several rounds
+(async: event iterations), in float64, against two recordings (see `golden/README.md`):
 
-Bit for bit unless `ULPS` names the case, with the number of units in the last place the
-new arithmetic may differ by and why. Metrics the old implementation did not report are not
-compared; every metric it did report must still be there.
+- `golden/presets.npz`, recorded with the old drivers (issue 18): every preset equals the
+  implementation it replaced, up to `ULPS[case]` (the units in the last place the new
+  arithmetic may differ by, and why) plus `CROSS_MACHINE_ULPS`.
+- `golden/current.npz`, recorded with today's code on the machine whose fingerprint is in
+  `golden/current.json`: on a machine with that fingerprint, bit for bit; on any other machine
+  of this kind, within `CROSS_MACHINE_ULPS`.
+
+Metrics the old implementation did not report are not compared; every metric it did report
+must still be there.
 """
 
+import json
 import os
 
 import golden_cases
@@ -14,7 +20,9 @@ import jax
 import numpy as np
 import pytest
 
-GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "presets.npz")
+GOLDEN_DIR = os.path.join(os.path.dirname(__file__), "golden")
+GOLDEN = os.path.join(GOLDEN_DIR, "presets.npz")
+CURRENT = os.path.join(GOLDEN_DIR, "current.npz")
 
 # case -> (max ulps, reason)
 ULPS: dict[str, tuple[int, str]] = {
@@ -30,8 +38,13 @@ ULPS: dict[str, tuple[int, str]] = {
 }
 
 
-def _golden(name):
-    with np.load(GOLDEN) as z:
+def _same_machine_as_current() -> bool:
+    with open(os.path.join(GOLDEN_DIR, "current.json")) as f:
+        return json.load(f)["fingerprint"] == golden_cases.machine_fingerprint()
+
+
+def _golden(name, path=GOLDEN):
+    with np.load(path) as z:
         params = [z[k] for k in sorted(k for k in z.files if k.startswith(f"{name}/param/"))]
         prefix = f"{name}/metric/"
         metrics = {k[len(prefix) :]: z[k] for k in z.files if k.startswith(prefix)}
@@ -48,12 +61,7 @@ def test_every_registered_algorithm_is_pinned():
         assert any(n == algorithm or n.startswith(algorithm + "_") for n in names), algorithm
 
 
-@pytest.mark.parametrize("name", golden_cases.case_names())
-def test_preset_equals_replaced_implementation(name):
-    old_params, old_metrics = _golden(name)
-    with jax.enable_x64(True):
-        params, metrics = golden_cases.run_case(name)
-    maxulp = ULPS.get(name, (0, ""))[0]
+def _assert_pinned(params, metrics, old_params, old_metrics, maxulp):
     assert len(params) == len(old_params)
     for new, old in zip(params, old_params, strict=True):
         assert new.dtype == old.dtype
@@ -67,3 +75,16 @@ def test_preset_equals_replaced_implementation(name):
             np.testing.assert_array_max_ulp(new.astype(old.dtype), old, maxulp=maxulp)
         else:
             np.testing.assert_array_equal(new, old, err_msg=k)
+
+
+@pytest.mark.parametrize("name", golden_cases.case_names())
+def test_preset_equals_replaced_implementation_and_current_pin(name):
+    with jax.enable_x64(True):
+        params, metrics = golden_cases.run_case(name)
+    _assert_pinned(
+        params, metrics, *_golden(name), maxulp=ULPS.get(name, (0, ""))[0] + CROSS_MACHINE_ULPS
+    )
+    same_machine = _same_machine_as_current()
+    _assert_pinned(
+        params, metrics, *_golden(name, CURRENT), maxulp=0 if same_machine else CROSS_MACHINE_ULPS
+    )
