@@ -18,7 +18,7 @@ log10 error, time to 1e-10 or null; the verdict table's unit).
 
     nice -n 10 python experiments/area_quadratic.py --out experiments/results/area  # ~400 s
 
-Confirmation on fresh rate draws and event seeds at the step sizes selected above (~70 s):
+Confirmation on fresh rate draws and event seeds at the step sizes selected above (203 s):
 
     nice -n 10 python experiments/area_quadratic.py --first-draw 5 --tag _fresh \
         --method-grid AREA=1e-3 S-FedAvg=1e-3 AS-FedAvg=1e-5 FedBuff=1e-4 MIFA=3e-5

@@ -28,7 +28,6 @@ A row whose files are not committed is "not run" (its reason and cost in the row
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import json
 import os
@@ -299,12 +298,9 @@ def lps_retarget(stem: str, beta: float) -> np.ndarray:
     """Speed-up at the target FedAvg needs the paper's 80 rounds for: the target is FedAvg's
     mean test accuracy at round 80 (over seeds), recomputed from the per-round histories."""
     acc: dict[tuple[float, int], dict[int, float]] = {}
-    with open(os.path.join(RESULTS, "fedlps", stem, "runs.csv")) as f:
-        for r in csv.DictReader(f):
-            if r["test_accuracy"]:
-                acc.setdefault((float(r["beta"]), int(r["seed"])), {})[int(r["round"])] = float(
-                    r["test_accuracy"]
-                )
+    for r in _json(f"fedlps/{stem}/histories.json")["runs"]:
+        h = acc.setdefault((float(r["hparams"]["beta"]), int(r["seed"])), {})
+        h.update({int(e["round"]): float(e["test_accuracy"]) for e in r["history"]["eval"]})
     ref = {s: h for (b, s), h in acc.items() if b == 1.0}
     target = float(np.mean([h[LPS_PAPER_FEDAVG_ROUNDS] for h in ref.values()]))
 
@@ -334,7 +330,7 @@ AREA_FRESH = (
 QUAD_DIFF = "c = 1 (the paper: 100), 5 clock draws x 40 seeds (the paper: 3,000 runs)"
 QUAD_SEL = "not independent: same runs as the step-size selection"
 QUAD_FRESH_NOT_RUN = (
-    "not run (~3 min): `area_quadratic.py --first-draw 5 --tag _fresh --method-grid AREA=1e-3 "
+    "not run (203 s): `area_quadratic.py --first-draw 5 --tag _fresh --method-grid AREA=1e-3 "
     "S-FedAvg=1e-3 AS-FedAvg=1e-5 FedBuff=1e-4 MIFA=3e-5`"
 )
 QUAD_FRESH = ("independent: fresh clock draws 5-9 and event seeds, at the step sizes selected "
@@ -388,10 +384,11 @@ ROWS: list[Row] = [
         Row(
             "AREA, Fig. 4",
             f"{m} does not converge exactly, AREA does (true gradients){note}",
-            f"log10 final error, {m} minus AREA, per run",
+            f"log10 final error (floored at 1e-300), {m} minus AREA, per run",
             "figure",
             (f"area/{stem}_runs.json",),
             lambda m=m, stem=stem: area_quadratic(stem, "final_log10_error", m, "AREA"),
+            unit="runs",
             differs=QUAD_DIFF,
             independent=ind,
             not_run=nr,
@@ -410,6 +407,7 @@ ROWS: list[Row] = [
             "figure",
             (f"area/{stem}_runs.json",),
             lambda stem=stem: area_quadratic(stem, "mean_log10_error", "S-FedAvg", "AREA"),
+            unit="runs",
             differs=QUAD_DIFF,
             independent=ind,
             not_run=nr,
@@ -945,7 +943,7 @@ ROWS: list[Row] = [
         "imbalanced, b = 0.5: 1.6x faster at the paper's difficulty",
         "speed-up vs FedAvg, target re-set to FedAvg's mean accuracy at round 80",
         "1.6x (80 -> 50 rounds)",
-        ("fedlps/sweep_digits_logistic_imbalanced/runs.csv",),
+        ("fedlps/sweep_digits_logistic_imbalanced/histories.json",),
         lambda: lps_retarget("sweep_digits_logistic_imbalanced", 0.5),
         1.6,
         1,
