@@ -179,6 +179,11 @@ def main() -> None:
     ap.add_argument("--local-steps", type=int, default=1)
     ap.add_argument("--grid", type=float, nargs="+", default=[1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3])
     ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument(
+        "--first-seed", type=int, default=0,
+        help="seeds FIRST..FIRST+N-1 (same data, partition and clocks): confirmation runs on "
+        "seeds disjoint from the runs that selected the step sizes",
+    )  # fmt: skip
     ap.add_argument("--horizon", type=float, default=10.0, help="simulated time")
     ap.add_argument("--evals", type=int, default=40)
     ap.add_argument("--out", default="experiments/results/area")
@@ -220,7 +225,7 @@ def main() -> None:
     f_star, f_0 = optimum(f, params0), float(f(params0))
     print(f"data: {data.summary()}, f(0)={f_0:.4f}, f*={f_star:.4f} ({time.time() - t0:.0f}s)")
     local = LocalSpec(steps=args.local_steps, batch_size=32)
-    seeds = np.arange(args.seeds)
+    seeds = np.arange(args.first_seed, args.first_seed + args.seeds)
     settings = {
         "uniform": np.full(args.clients, 10.0),
         "non-uniform": normal_rates(args.clients, 10.0, 5.0, minimum=0.1, seed=1),
@@ -305,6 +310,7 @@ def load_earlier(args, f_star: float) -> dict:
         raw = json.load(fh)
     keys = ("train", "clients", "local_steps", "seeds", "horizon", "evals")
     differ = [k for k in keys if summary["args"][k] != getattr(args, k)]
+    differ += ["first_seed"] * (summary["args"].get("first_seed", 0) != args.first_seed)
     if differ or abs(summary["f_star"] - f_star) > 1e-9 * abs(f_star):
         raise SystemExit(f"--extend {args.extend}: different run ({differ or 'f*'})")
     return raw

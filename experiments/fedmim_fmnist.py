@@ -157,7 +157,8 @@ def run_sweeps(args, model, data, test, results) -> None:
 
         t0 = time.perf_counter()
         res = sweep(
-            make, data, seeds=args.seeds, grid={"lr": grids[name]}, model=model,
+            make, data, seeds=range(args.first_seed, args.first_seed + args.seeds),
+            grid={"lr": grids[name]}, model=model,
             num_rounds=args.rounds, test=test, progress=False, meta={"algorithm": name},
             mesh=runs_mesh() if jax.device_count() > 1 else None,
             evaluation=EvalSpec(every=args.eval_every, clients=False),
@@ -208,6 +209,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
     p.add_argument("--seeds", type=int, default=None, help="N seeds with fedjax_sim.sweep")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="--seeds N runs seeds FIRST..FIRST+N-1 (same partition)")  # fmt: skip
     p.add_argument("--grid", type=float, nargs="+", default=None, help="client lrs (--seeds)")
     p.add_argument("--method-grid", nargs="*", default=[], metavar="METHOD=a,b,c")
     p.add_argument("--tag", default="", help="suffix of the --seeds output names")

@@ -86,15 +86,22 @@ def merged(paths: list[str]) -> dict:
     return blob
 
 
+def selections(paths: list[str]) -> tuple[dict, dict, dict]:
+    """(merged sweep, `{method: seed_arrays}`, `{method: selected lr}`) of one partition's
+    files; the selection rule: the lr with the highest mean final accuracy."""
+    blob = merged(paths)
+    arr = {m: seed_arrays(v["runs"]) for m, v in blob["methods"].items()}
+    chosen = {m: max(a, key=lambda lr, a=a: a[lr]["final"].mean()) for m, a in arr.items()}
+    return blob, arr, chosen
+
+
 def seeds_report(paths: list[str]) -> str:
     """Tables (lr grid; selected lr per method; FedMIM minus each baseline, paired) and the
     mean +- 95% CI curves of the `sweep_dir<alpha>*.json` files of one partition."""
-    blob = merged(paths)
+    blob, arr, chosen = selections(paths)
     path = paths[0]
     name = os.path.basename(path)[len("sweep_") : -len(".json")]
     cfg = blob["config"]
-    arr = {m: seed_arrays(v["runs"]) for m, v in blob["methods"].items()}
-    chosen = {m: max(a, key=lambda lr, a=a: a[lr]["final"].mean()) for m, a in arr.items()}
     n = {m: a[chosen[m]]["final"].size for m, a in arr.items()}
     lines = [
         f"# FedMIM Table I at CPU scale, {name}: {cfg['seeds']} seeds x per-method lr grid",
@@ -209,14 +216,22 @@ def plot_seeds(blob: dict, chosen: dict, path: str, name: str) -> None:
     plt.close(fig)
 
 
+def partition_groups() -> dict[str, list[str]]:
+    """`{partition: [sweep_dir<alpha>.json, its grid extensions...]}`, the main sweep first.
+    Confirmation runs on fresh seeds (`sweep_dir<alpha>_fresh*.json`) are not part of the
+    selection grid and are left out."""
+    groups: dict[str, list[str]] = {}
+    for path in sorted(glob.glob(os.path.join(DIR, "sweep_dir*.json"))):
+        if "_fresh" not in os.path.basename(path):
+            groups.setdefault(os.path.basename(path)[6:-5].split("_")[0], []).append(path)
+    return groups
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", action="store_true", help="report the sweep_dir*.json files")
     if ap.parse_args().seeds:
-        groups: dict[str, list[str]] = {}  # per partition: the main sweep first, extensions
-        for path in sorted(glob.glob(os.path.join(DIR, "sweep_dir*.json"))):
-            groups.setdefault(os.path.basename(path)[6:-5].split("_")[0], []).append(path)
-        for paths in groups.values():
+        for paths in partition_groups().values():
             print(seeds_report(paths))
         return
     files = sorted(glob.glob(os.path.join(DIR, "dir*.json")))

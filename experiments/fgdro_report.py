@@ -120,10 +120,10 @@ def load_sweeps(paths: list[str]) -> tuple[dict, list[dict]]:
     return hparams, rows
 
 
-def seeds_report(paths: list[str], stem: str) -> str:
-    """Grid table, selected step size per method, paired differences vs FedAvg and along the
-    paper's worst-class order, and the mean +- 95% CI curves of one step-size sweep (one or
-    more files of one setting), written to STEM_table.md and STEM.png."""
+def selections(paths: list[str]) -> tuple[dict, list[dict], dict, dict]:
+    """(hparams, rows, arrays, chosen) of one step-size sweep (one or more files of one
+    setting): `arrays[method][(lr, beta)]` holds the per-seed final metrics (seed order),
+    `chosen[method]` the (lr, beta) the module's selection rule picks."""
     hp, rows = load_sweeps(paths)
     methods = list(dict.fromkeys(r["method"] for r in rows))
     arr: dict[str, dict[tuple, dict[str, np.ndarray]]] = {}
@@ -140,6 +140,16 @@ def seeds_report(paths: list[str], stem: str) -> str:
     chosen = {m: max(a, key=lambda c, a=a: (a[c]["diverged"] == 0, a[c][acc].mean(),
                                             -a[c][loss].mean()))
               for m, a in arr.items()}  # fmt: skip
+    return hp, rows, arr, chosen
+
+
+def seeds_report(paths: list[str], stem: str) -> str:
+    """Grid table, selected step size per method, paired differences vs FedAvg and along the
+    paper's worst-class order, and the mean +- 95% CI curves of one step-size sweep (one or
+    more files of one setting), written to STEM_table.md and STEM.png."""
+    hp, rows, arr, chosen = selections(paths)
+    methods = list(arr)
+    loss = METRICS[1][1]
     papers = PAPER_TABLE7.get(float(hp["alpha"]), {})  # {} for an alpha the paper did not run
     n_seeds = len(arr[methods[0]][chosen[methods[0]]]["seed"])
     cols = " | ".join(c for c, _, _ in METRICS)

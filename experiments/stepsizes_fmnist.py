@@ -126,6 +126,8 @@ def main() -> None:
     ap.add_argument(
         "--seeds", type=int, default=None, help="N seeds per cell with fedjax_sim.sweep (0..N-1)"
     )
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="--seeds N runs seeds FIRST..FIRST+N-1 (same partitions)")  # fmt: skip
     ap.add_argument("--partitions", nargs="*", default=list(PARTITIONS), choices=list(PARTITIONS))
     ap.add_argument("--algorithms", nargs="*", default=list(ALGORITHMS))
     ap.add_argument("--inner-lr", type=float, default=0.1, help="FedProx inner GD lr")
@@ -215,8 +217,9 @@ def run_sweeps(args, model, schedule, client_map, data, evaluate) -> None:
             spec = EvalSpec(every=args.eval_every, central=False, clients=False, extra=extra)
             t0 = time.perf_counter()
             res = sweep(
-                make, train, seeds=args.seeds, model=model, num_rounds=args.rounds,
-                evaluation=spec, client_map=client_map, progress=False,
+                make, train, seeds=range(args.first_seed, args.first_seed + args.seeds),
+                model=model, num_rounds=args.rounds, evaluation=spec, client_map=client_map,
+                progress=False,
                 meta={"algorithm": alg_name, "split": part_name, "schedule": args.schedule},
             )  # fmt: skip
             seconds = time.perf_counter() - t0
