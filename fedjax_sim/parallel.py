@@ -5,10 +5,14 @@
   `batch_size` model copies and is faster on CPU (see `../shared/notes/measured_facts.md`:
   vmap over 1000 MLP clients streams 1000 parameter copies through memory every step).
 - `auto` (default): measured. The first time a per-client function of a given structure and
-  cohort size is mapped on a backend, `fedjax_sim.autotune` times `map` with chunks of 1, 2,
-  4, 8, 16 and `vmap` and caches the fastest on disk (keyed by the function's jaxpr, shapes,
-  backend, device kind and jax version). With `FEDJAX_SIM_AUTOTUNE=0` (the test suite) or a
-  `batch_size` given: `vmap` on accelerators, `map` with `batch_size` (default 8) on CPU.
+  cohort size is mapped on a backend, `fedjax_sim.autotune` times `map` with chunks of 1, 4,
+  16 and `vmap` and caches the fastest on disk (keyed by the structure and shapes of the
+  function's jaxpr, backend, device kind and jax version). With `FEDJAX_SIM_AUTOTUNE=0` (the
+  test suite), under `jax.disable_jit()` or with a `batch_size` given: `vmap` on
+  accelerators, `map` with `batch_size` (default 8) on CPU.
+
+`recording()` collects the concrete modes the maps traced inside it use (`"vmap"`,
+`"map:4"`); `simulate` stores them as `History.meta["client_map"]`.
 
 `fit_client_map(cohort, per_client_bytes, budget_bytes)` picks a concrete mode and chunk
 for a memory budget (a small heuristic, documented on the function); `fit_population`
@@ -52,6 +56,29 @@ CLIENT_AXIS = "clients"
 _ACTIVE_AXIS: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "fedjax_sim_client_axis", default=None
 )
+
+
+_RECORDED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "fedjax_sim_recorded_modes", default=None
+)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[str]]:
+    """Yields the list of concrete modes (`"vmap"`, `"map:<chunk>"`, each once, in order) of
+    the client maps traced inside; an inner `recording` hides its maps from an outer one."""
+    modes: list[str] = []
+    token = _RECORDED.set(modes)
+    try:
+        yield modes
+    finally:
+        _RECORDED.reset(token)
+
+
+def _record(mode: str) -> None:
+    modes = _RECORDED.get()
+    if modes is not None and mode not in modes:
+        modes.append(mode)
 
 
 _BATCHED_RUNS: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -124,6 +151,14 @@ class ClientMap:
         if self.mesh is not None and self.axis not in self.mesh.axis_names:
             raise ValueError(f"mesh has axes {self.mesh.axis_names}, not {self.axis!r}")
 
+    @classmethod
+    def recorded(cls, mode: str) -> ClientMap:
+        """The `ClientMap` of a mode as `recording` writes it (`"vmap"`, `"map:4"`)."""
+        name, _, chunk = mode.partition(":")
+        if name not in ("vmap", "map") or (name == "map") != chunk.isdigit():
+            raise ValueError(f"a recorded client map is 'vmap' or 'map:<chunk>', got {mode!r}")
+        return cls(name, int(chunk) if chunk else None)
+
     @property
     def num_shards(self) -> int:
         return 1 if self.mesh is None else int(self.mesh.shape[self.axis])
@@ -163,7 +198,9 @@ class ClientMap:
         num = _leading(xs)
         mode, bs = self.resolve(num)
         if mode == "vmap" or bs >= num:
+            _record("vmap")
             return jax.vmap(fn)(*xs)
+        _record(f"map:{bs}")
         return lax.map(lambda args: fn(*args), xs, batch_size=bs)
 
     def map_sum(self, fn: Callable[..., tuple[Any, Any]], *xs: Any) -> tuple[Any, Any]:
@@ -177,8 +214,10 @@ class ClientMap:
         mode, bs = self.resolve(num)
         vfn = jax.vmap(fn)
         if mode == "vmap" or bs >= num:
+            _record("vmap")
             summands, outs = vfn(*xs)
             return _sum0(summands), outs
+        _record(f"map:{bs}")
         n_chunks, n_main = num // bs, (num // bs) * bs
         main = jax.tree.map(lambda a: a[:n_main].reshape(n_chunks, bs, *a.shape[1:]), xs)
         summand_shape, _ = jax.eval_shape(fn, *jax.tree.map(lambda a: a[0], xs))
