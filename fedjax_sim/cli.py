@@ -131,11 +131,10 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
             f"; epsilon {final['epsilon']:.4g} at delta {cfg.dp_delta:g} (noise multiplier "
             f"{privacy.noise_multiplier:.4g})"
         )
-    if "client_map" in history.meta:
-        line += f"; client map {history.meta['client_map']}"
+    mode = history.meta.get("client_map")
     print(
-        f"{line} after {history.num_rounds} rounds in {history.meta['seconds']:.1f} s; "
-        f"results in {out_dir}/"
+        f"{line} after {history.num_rounds} rounds in {history.meta['seconds']:.1f} s"
+        f"{f' (client map {mode})' if mode else ''}; results in {out_dir}/"
     )
     return 0
 

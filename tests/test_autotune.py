@@ -161,7 +161,7 @@ def test_recorded_mode_reproduces_the_auto_run(tuning, monkeypatch, tmp_path, ca
     monkeypatch.setattr(autotune, "measure", _fake_measure(calls, best="4"))
     base = ["run", "--rounds", "4", "--eval-every", "2", "--no-progress"]
     assert cli.main([*base, "--out", str(tmp_path / "auto")]) == 0
-    assert "; client map map:4 after 4 rounds" in capsys.readouterr().out
+    assert "(client map map:4); results in" in capsys.readouterr().out
     assert calls == [True]
     flags = ["--client-map", "map", "--map-batch-size", "4"]
     assert cli.main([*base, *flags, "--out", str(tmp_path / "pinned")]) == 0
