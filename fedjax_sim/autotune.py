@@ -184,7 +184,7 @@ def measure(
     repeats: int = 1,
 ) -> dict[str, float]:
     """Seconds per call of each candidate (`"vmap"` or the chunk size as a string)."""
-    from fedjax_sim.parallel import ClientMap, recording
+    from fedjax_sim.parallel import ClientMap
 
     num = int(jax.tree.leaves(xs)[0].shape[0])
     chunks = sorted({c for c in candidates if c is not None and c < num})
@@ -203,8 +203,7 @@ def measure(
         return jax.jit(run)
 
     times: dict[str, float] = {}
-    # run now, although a round is being traced; the candidates are not the run's modes
-    with jax.ensure_compile_time_eval(), recording():
+    with jax.ensure_compile_time_eval():  # run now, although a round is being traced
         consts = [
             _stand_in(jax.typeof(c)) if isinstance(c, jax.core.Tracer) else c for c in closed.consts
         ]

@@ -11,8 +11,9 @@
   test suite), under `jax.disable_jit()` or with a `batch_size` given: `vmap` on
   accelerators, `map` with `batch_size` (default 8) on CPU.
 
-`recording()` collects the concrete modes the maps traced inside it use (`"vmap"`,
-`"map:4"`); `simulate` stores them as `History.meta["client_map"]`.
+Each map runs in a named scope `client_map=<mode>` (`"vmap"`, `"map:4"`): `recorded_modes`
+reads the modes back from a traced computation; `simulate` stores them as
+`History.meta["client_map"]`.
 
 `fit_client_map(cohort, per_client_bytes, budget_bytes)` picks a concrete mode and chunk
 for a memory budget (a small heuristic, documented on the function); `fit_population`
@@ -36,12 +37,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import re
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.extend import core as jex_core
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -58,27 +61,25 @@ _ACTIVE_AXIS: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
-_RECORDED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
-    "fedjax_sim_recorded_modes", default=None
-)
-
-
-@contextlib.contextmanager
-def recording() -> Iterator[list[str]]:
-    """Yields the list of concrete modes (`"vmap"`, `"map:<chunk>"`, each once, in order) of
-    the client maps traced inside; an inner `recording` hides its maps from an outer one."""
+def recorded_modes(closed_jaxpr: Any) -> list[str]:
+    """The concrete modes (`"vmap"`, `"map:<chunk>"`, each once, in order) of the client
+    maps in a traced computation (`jax.make_jaxpr(step)(...)`). Each map names its scope
+    after its mode, so sub-computations JAX reused from its tracing caches are found too."""
     modes: list[str] = []
-    token = _RECORDED.set(modes)
-    try:
-        yield modes
-    finally:
-        _RECORDED.reset(token)
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in jaxpr.eqns:
+            for mode in _MODE_SCOPE.findall(str(eqn.source_info.name_stack)):
+                if mode not in modes:
+                    modes.append(mode)
+            for sub in jex_core.jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(closed_jaxpr.jaxpr)
+    return modes
 
 
-def _record(mode: str) -> None:
-    modes = _RECORDED.get()
-    if modes is not None and mode not in modes:
-        modes.append(mode)
+_MODE_SCOPE = re.compile(r"client_map=(vmap|map:\d+)")
 
 
 _BATCHED_RUNS: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -153,7 +154,7 @@ class ClientMap:
 
     @classmethod
     def recorded(cls, mode: str) -> ClientMap:
-        """The `ClientMap` of a mode as `recording` writes it (`"vmap"`, `"map:4"`)."""
+        """The `ClientMap` of a mode as `recorded_modes` returns it (`"vmap"`, `"map:4"`)."""
         name, _, chunk = mode.partition(":")
         if name not in ("vmap", "map") or (name == "map") != chunk.isdigit():
             raise ValueError(f"a recorded client map is 'vmap' or 'map:<chunk>', got {mode!r}")
@@ -198,10 +199,10 @@ class ClientMap:
         num = _leading(xs)
         mode, bs = self.resolve(num)
         if mode == "vmap" or bs >= num:
-            _record("vmap")
-            return jax.vmap(fn)(*xs)
-        _record(f"map:{bs}")
-        return lax.map(lambda args: fn(*args), xs, batch_size=bs)
+            with jax.named_scope("client_map=vmap"):
+                return jax.vmap(fn)(*xs)
+        with jax.named_scope(f"client_map=map:{bs}"):
+            return lax.map(lambda args: fn(*args), xs, batch_size=bs)
 
     def map_sum(self, fn: Callable[..., tuple[Any, Any]], *xs: Any) -> tuple[Any, Any]:
         """For `fn(*x_i) -> (summand_i, out_i)`: `(sum_i summand_i, stacked out_i)`."""
@@ -212,12 +213,17 @@ class ClientMap:
             return measured.map_sum(fn, *xs)
         num = _leading(xs)
         mode, bs = self.resolve(num)
+        scope = "client_map=vmap" if mode == "vmap" or bs >= num else f"client_map=map:{bs}"
+        with jax.named_scope(scope):
+            return self._map_sum(fn, xs, num, mode, bs)
+
+    @staticmethod
+    def _map_sum(fn: Callable[..., Any], xs: tuple, num: int, mode: str, bs: int) -> Any:
+        """`map_sum` in a concrete mode."""
         vfn = jax.vmap(fn)
         if mode == "vmap" or bs >= num:
-            _record("vmap")
             summands, outs = vfn(*xs)
             return _sum0(summands), outs
-        _record(f"map:{bs}")
         n_chunks, n_main = num // bs, (num // bs) * bs
         main = jax.tree.map(lambda a: a[:n_main].reshape(n_chunks, bs, *a.shape[1:]), xs)
         summand_shape, _ = jax.eval_shape(fn, *jax.tree.map(lambda a: a[0], xs))

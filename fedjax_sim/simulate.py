@@ -29,7 +29,7 @@ from fedjax_sim.checkpoint import Checkpointer, CheckpointError, deferred_sigint
 from fedjax_sim.data.federated import ArrayData, Batch, FederatedData
 from fedjax_sim.history import History, HistoryWriter
 from fedjax_sim.models.base import Model
-from fedjax_sim.parallel import ClientMap, recording
+from fedjax_sim.parallel import ClientMap, recorded_modes
 
 INIT_PURPOSE = 7  # key purpose of the initial model
 
@@ -279,8 +279,8 @@ def simulate(
             return history
     files = HistoryWriter(out_dir) if out_dir and writer else None
 
-    with recording() as modes:  # resolves (measures) ClientMap("auto") once, before compiling
-        jax.eval_shape(algorithm.step, state, data, key)
+    # resolves (measures) ClientMap("auto") before compiling; the round's modes are recorded
+    modes = recorded_modes(jax.make_jaxpr(algorithm.step)(state, data, key))
     if modes:
         history.meta["client_map"] = ", ".join(modes)
         if client_map == ClientMap():
