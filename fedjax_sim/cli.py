@@ -17,7 +17,7 @@ from typing import Literal
 
 import tyro
 
-from fedjax_sim import validate
+from fedjax_sim import autotune, validate
 from fedjax_sim.bench.config import BenchConfig
 from fedjax_sim.config import (
     RunConfig,
@@ -131,11 +131,28 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
             f"; epsilon {final['epsilon']:.4g} at delta {cfg.dp_delta:g} (noise multiplier "
             f"{privacy.noise_multiplier:.4g})"
         )
+    mode = history.meta.get("client_map")
     print(
-        f"{line} after {history.num_rounds} rounds in {history.meta['seconds']:.1f} s; "
-        f"results in {out_dir}/"
+        f"{line} after {history.num_rounds} rounds in {history.meta['seconds']:.1f} s"
+        f"{f' (client map {mode})' if mode else ''}; results in {out_dir}/"
     )
     return 0
+
+
+def _report_measured(choice: autotune.Choice) -> None:
+    """One line on stderr (process 0, above the progress bar) for each `ClientMap("auto")`
+    measured now."""
+    import jax
+    from tqdm.auto import tqdm
+
+    if choice.measured_seconds is None or jax.process_index() != 0:
+        return
+    mode = "vmap" if choice.mode == "vmap" else f"map:{choice.batch_size}"
+    tqdm.write(
+        f"fedjax-sim: ClientMap('auto') timed the modes for {choice.num} clients in "
+        f"{choice.measured_seconds:.1f} s (once per machine): {mode}",
+        file=sys.stderr,
+    )
 
 
 def _check_resume(cfg: RunConfig, checkpoint_dir: str) -> int | None:
@@ -413,10 +430,11 @@ def _main(argv: list[str]) -> int:
     try:
         default, rest = _load_config_file(cls, argv[1:])
         cfg = _parse(cls, rest, default, prog=f"fedjax-sim {argv[0]}")
-        if handler in (run, sweep_command):
-            from_file = set() if default is None else explicit_fields(default)
-            return handler(cfg, from_file | _flags_given(cls, rest))
-        return handler(cfg)
+        with autotune.reporting(_report_measured):
+            if handler in (run, sweep_command):
+                from_file = set() if default is None else explicit_fields(default)
+                return handler(cfg, from_file | _flags_given(cls, rest))
+            return handler(cfg)
     except UsageError as e:
         print(f"fedjax-sim: error: {e}", file=sys.stderr)
         return EXIT_USAGE

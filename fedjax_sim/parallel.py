@@ -5,10 +5,15 @@
   `batch_size` model copies and is faster on CPU (see `../shared/notes/measured_facts.md`:
   vmap over 1000 MLP clients streams 1000 parameter copies through memory every step).
 - `auto` (default): measured. The first time a per-client function of a given structure and
-  cohort size is mapped on a backend, `fedjax_sim.autotune` times `map` with chunks of 1, 2,
-  4, 8, 16 and `vmap` and caches the fastest on disk (keyed by the function's jaxpr, shapes,
-  backend, device kind and jax version). With `FEDJAX_SIM_AUTOTUNE=0` (the test suite) or a
-  `batch_size` given: `vmap` on accelerators, `map` with `batch_size` (default 8) on CPU.
+  cohort size is mapped on a backend, `fedjax_sim.autotune` times `map` with chunks of 1, 4,
+  16 and `vmap` and caches the fastest on disk (keyed by the structure and shapes of the
+  function's jaxpr, backend, device kind and jax version). With `FEDJAX_SIM_AUTOTUNE=0` (the
+  test suite), under `jax.disable_jit()` or with a `batch_size` given: `vmap` on
+  accelerators, `map` with `batch_size` (default 8) on CPU.
+
+Each map runs in a named scope `client_map=<mode>` (`"vmap"`, `"map:4"`): `recorded_modes`
+reads the modes back from a traced computation; `simulate` stores them as
+`History.meta["client_map"]`.
 
 `fit_client_map(cohort, per_client_bytes, budget_bytes)` picks a concrete mode and chunk
 for a memory budget (a small heuristic, documented on the function); `fit_population`
@@ -32,12 +37,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import re
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.extend import core as jex_core
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -52,6 +59,27 @@ CLIENT_AXIS = "clients"
 _ACTIVE_AXIS: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "fedjax_sim_client_axis", default=None
 )
+
+
+def recorded_modes(closed_jaxpr: Any) -> list[str]:
+    """The concrete modes (`"vmap"`, `"map:<chunk>"`, each once, in order) of the client
+    maps in a traced computation (`jax.make_jaxpr(step)(...)`). Each map names its scope
+    after its mode, so sub-computations JAX reused from its tracing caches are found too."""
+    modes: list[str] = []
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in jaxpr.eqns:
+            for mode in _MODE_SCOPE.findall(str(eqn.source_info.name_stack)):
+                if mode not in modes:
+                    modes.append(mode)
+            for sub in jex_core.jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(closed_jaxpr.jaxpr)
+    return modes
+
+
+_MODE_SCOPE = re.compile(r"client_map=(vmap|map:\d+)")
 
 
 _BATCHED_RUNS: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -124,6 +152,14 @@ class ClientMap:
         if self.mesh is not None and self.axis not in self.mesh.axis_names:
             raise ValueError(f"mesh has axes {self.mesh.axis_names}, not {self.axis!r}")
 
+    @classmethod
+    def recorded(cls, mode: str) -> ClientMap:
+        """The `ClientMap` of a mode as `recorded_modes` returns it (`"vmap"`, `"map:4"`)."""
+        name, _, chunk = mode.partition(":")
+        if name not in ("vmap", "map") or (name == "map") != chunk.isdigit():
+            raise ValueError(f"a recorded client map is 'vmap' or 'map:<chunk>', got {mode!r}")
+        return cls(name, int(chunk) if chunk else None)
+
     @property
     def num_shards(self) -> int:
         return 1 if self.mesh is None else int(self.mesh.shape[self.axis])
@@ -163,8 +199,10 @@ class ClientMap:
         num = _leading(xs)
         mode, bs = self.resolve(num)
         if mode == "vmap" or bs >= num:
-            return jax.vmap(fn)(*xs)
-        return lax.map(lambda args: fn(*args), xs, batch_size=bs)
+            with jax.named_scope("client_map=vmap"):
+                return jax.vmap(fn)(*xs)
+        with jax.named_scope(f"client_map=map:{bs}"):
+            return lax.map(lambda args: fn(*args), xs, batch_size=bs)
 
     def map_sum(self, fn: Callable[..., tuple[Any, Any]], *xs: Any) -> tuple[Any, Any]:
         """For `fn(*x_i) -> (summand_i, out_i)`: `(sum_i summand_i, stacked out_i)`."""
@@ -175,6 +213,13 @@ class ClientMap:
             return measured.map_sum(fn, *xs)
         num = _leading(xs)
         mode, bs = self.resolve(num)
+        scope = "client_map=vmap" if mode == "vmap" or bs >= num else f"client_map=map:{bs}"
+        with jax.named_scope(scope):
+            return self._map_sum(fn, xs, num, mode, bs)
+
+    @staticmethod
+    def _map_sum(fn: Callable[..., Any], xs: tuple, num: int, mode: str, bs: int) -> Any:
+        """`map_sum` in a concrete mode."""
         vfn = jax.vmap(fn)
         if mode == "vmap" or bs >= num:
             summands, outs = vfn(*xs)

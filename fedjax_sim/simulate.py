@@ -29,7 +29,7 @@ from fedjax_sim.checkpoint import Checkpointer, CheckpointError, deferred_sigint
 from fedjax_sim.data.federated import ArrayData, Batch, FederatedData
 from fedjax_sim.history import History, HistoryWriter
 from fedjax_sim.models.base import Model
-from fedjax_sim.parallel import ClientMap
+from fedjax_sim.parallel import ClientMap, recorded_modes
 
 INIT_PURPOSE = 7  # key purpose of the initial model
 
@@ -232,7 +232,10 @@ def simulate(
       resume: continue from the latest checkpoint in `checkpoint_dir` (bit-identical).
       progress: show a tqdm progress bar.
       meta: extra information stored in `History.meta` (e.g. the CLI config).
-      client_map: mapping used for per-client evaluation.
+      client_map: mapping used for per-client evaluation; `ClientMap("auto")` uses the
+        round's (first) mode. The modes of the round's client maps are recorded in
+        `History.meta["client_map"]` (`"vmap"`, `"map:4"`; `ClientMap.recorded`): an
+        explicit map of that mode reproduces a measured `auto` run bit for bit.
       on_resume: called with the restored round after a resume, before compiling.
       privacy: `rounds -> epsilon` (e.g. `accounting.PrivacyAccounting(...).epsilon`),
         evaluated on the host at every evaluation: `epsilon` in the evaluation rows and
@@ -276,6 +279,12 @@ def simulate(
             return history
     files = HistoryWriter(out_dir) if out_dir and writer else None
 
+    # resolves (measures) ClientMap("auto") before compiling; the round's modes are recorded
+    modes = recorded_modes(jax.make_jaxpr(algorithm.step)(state, data, key))
+    if modes:
+        history.meta["client_map"] = ", ".join(modes)
+        if client_map == ClientMap():
+            client_map = ClientMap.recorded(modes[0])
     state = owned(state)  # the chunks donate it
     chunk = max(1, min(num_rounds, evaluation.every, checkpoint_every or num_rounds))
     run_chunk = _compiled_chunk(algorithm, chunk)

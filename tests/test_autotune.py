@@ -65,12 +65,111 @@ def test_measure_times_every_candidate(tuning):
     @jax.jit
     def run(w, x, s):
         key, closed, out_tree = autotune.cache_key(_client(w), (x, s), True)
-        times = autotune.measure(_client(w), (x, s), True, closed, out_tree, progress=False)
+        times = autotune.measure(
+            _client(w), (x, s), True, closed, out_tree, candidates=(1, 2, 4, 8, 16, None)
+        )
         assert set(times) == {"1", "2", "4", "vmap"}  # chunks >= the cohort are vmap
         assert all(t > 0 for t in times.values())
         return ClientMap("auto").map(lambda x: x * 2, x)
 
     np.testing.assert_array_equal(np.asarray(run(w, x, s)), 2 * np.ones((6, 4)))
+
+
+def test_auto_measures_silently_and_reports_to_a_callback(tuning, capfd):
+    """No progress bar from inside the library: a driver sees each choice through
+    `reporting` (measured now: the seconds it took; from the cache: None)."""
+    w = jnp.ones((4, 3))
+    x, s = jnp.ones((6, 4)), jnp.ones((6,))
+    seen = []
+    with autotune.reporting(seen.append):
+        for _ in range(2):
+            jax.jit(lambda w, x, s: ClientMap("auto").map_sum(_client(w), x, s))(w, x, s)
+    out, err = capfd.readouterr()
+    assert out == err == ""
+    assert [c.measured_seconds is None for c in seen] == [False, True]
+    assert seen[0].measured_seconds > 0 and seen[0][:4] == seen[1][:4] and seen[0].num == 6
+
+
+def _digits_fedavg(client_optimizer=0.1, hidden=(16,), client_map=None):
+    from fedjax_sim import data, fedavg, models
+    from fedjax_sim.algorithms import CohortSpec, LocalSpec
+
+    ds = data.load_digits(num_clients=10)
+    model = models.mlp(ds.feature_shape, ds.num_classes, hidden=hidden)
+    alg = fedavg(
+        model.loss,
+        client_optimizer=client_optimizer,
+        local=LocalSpec(steps=2, batch_size=8),
+        cohort=CohortSpec(size=4),
+        client_map=client_map or ClientMap(),
+    )
+    key = jax.random.key(0)
+    return alg, alg.init(model.init(key), key), ds.train, key
+
+
+def _fake_measure(calls, best="4"):
+    def fake(fn, xs, reduce, closed, out_tree, **kw):
+        calls.append(reduce)
+        return {c: (1.0 if c == best else 2.0) for c in ("1", "4", "vmap")}
+
+    return fake
+
+
+def test_cache_key_ignores_hyper_parameter_values(tuning, monkeypatch):
+    """A static grid over the learning rate measures once; another model is another key."""
+    monkeypatch.setattr(autotune, "measure", _fake_measure([]))
+    keys = {}
+    for name, kw in {
+        "lr 0.1": {},
+        "lr 0.03": dict(client_optimizer=0.03),
+        "hidden 32": dict(hidden=(32,)),
+    }.items():
+        alg, state, train, key = _digits_fedavg(**kw)
+        seen = []
+        with autotune.reporting(seen.append):
+            jax.eval_shape(alg.step, state, train, key)
+        (keys[name],) = {c.key for c in seen}
+    assert keys["lr 0.1"] == keys["lr 0.03"]
+    assert keys["hidden 32"] != keys["lr 0.1"]
+
+
+def test_auto_under_disable_jit_uses_the_static_rule(tuning, monkeypatch):
+    """Debugging with `jax.disable_jit()`: nothing can be compiled, so nothing is measured;
+    the step equals the step with the static rule's explicit mode."""
+
+    def refuse(*args, **kw):
+        raise AssertionError("measured under disable_jit")
+
+    monkeypatch.setattr(autotune, "measure", refuse)
+    (mode, bs) = ClientMap("auto").resolve(4)
+    steps = []
+    for cmap in (ClientMap(), ClientMap(mode, bs)):
+        alg, state, train, key = _digits_fedavg(client_map=cmap)
+        with jax.disable_jit():
+            steps.append(alg.step(state, train, key)[0].params)
+    for a, b in zip(*map(jax.tree.leaves, steps), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_recorded_mode_reproduces_the_auto_run(tuning, monkeypatch, tmp_path, capsys):
+    """`fedjax-sim run` records the measured mode (history.json, summary line); passing it
+    explicitly reproduces the run bit for bit. The evaluation follows the round's mode (one
+    measurement, not two)."""
+    from fedjax_sim import cli
+
+    calls = []
+    monkeypatch.setattr(autotune, "measure", _fake_measure(calls, best="4"))
+    base = ["run", "--rounds", "4", "--eval-every", "2", "--no-progress"]
+    assert cli.main([*base, "--out", str(tmp_path / "auto")]) == 0
+    assert "(client map map:4); results in" in capsys.readouterr().out
+    assert calls == [True]
+    flags = ["--client-map", "map", "--map-batch-size", "4"]
+    assert cli.main([*base, *flags, "--out", str(tmp_path / "pinned")]) == 0
+    auto, pinned = (
+        json.loads((tmp_path / d / "history.json").read_text()) for d in ("auto", "pinned")
+    )
+    assert auto["meta"]["client_map"] == pinned["meta"]["client_map"] == "map:4"
+    assert auto["metrics"] == pinned["metrics"] and auto["eval"] == pinned["eval"]
 
 
 def test_auto_without_measuring_is_the_static_rule(monkeypatch):

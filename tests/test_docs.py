@@ -5,6 +5,7 @@ on any warning: a `::: module` that does not import, a cross-reference `[x][fedj
 a name that does not exist, a broken link between pages, a page missing from the nav.
 """
 
+import json
 import os
 import pathlib
 import re
@@ -112,3 +113,24 @@ def test_write_your_own_algorithm_guide_runs(monkeypatch):
         state, _ = jax.jit(alg.step)(alg.init(params, key), ds.train, key)
         moved[mu] = float(tree_norm(tree_sub(state.params, params)))
     assert moved[100.0] < 0.5 * moved[0.0]
+
+
+def test_write_your_own_algorithm_guide_runs_as_a_user_runs_it(tmp_path):
+    """The guide's code as one script, the way a user runs it: `ClientMap("auto")` measuring
+    (the suite turns measuring off) with an empty cache. Its own exact checks hold."""
+    script = tmp_path / "guide.py"
+    script.write_text("\n".join(python_blocks(GUIDE)))
+    env = {k: v for k, v in os.environ.items() if k != "FEDJAX_SIM_AUTOTUNE"}
+    env["FEDJAX_SIM_CACHE_DIR"] = str(tmp_path / "cache")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "test accuracy" in proc.stdout
+    assert json.loads((tmp_path / "cache" / "client_map.json").read_text())  # it measured
