@@ -15,6 +15,7 @@ import ast
 import dataclasses
 import inspect
 import math
+import re
 from collections.abc import Collection, Sequence
 from typing import Any, Literal
 
@@ -276,7 +277,11 @@ def build_run(cfg: RunConfig, mesh=None, explicit: Collection[str] | None = None
     client_map = make_client_map(cfg, mesh)
     kwargs = algorithm_kwargs(cfg, explicit, data=dataset.train, client_map=client_map)
     assert kwargs.keys() >= kwargs_without_data.keys()
-    algorithm = ALGORITHM_FACTORIES()[cfg.algorithm](model.loss, **kwargs)
+    try:
+        algorithm = ALGORITHM_FACTORIES()[cfg.algorithm](model.loss, **kwargs)
+    except ValueError as e:  # the preset's own range checks: name the --hparams it concerns
+        named = [h for h in cfg.hparams if re.search(rf"\b{re.escape(h.split('=')[0])}\b", str(e))]
+        raise UsageError(f"--hparams {' '.join(named)}: {e}" if named else str(e)) from None
     return dataset, model, algorithm, client_map
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -257,6 +258,14 @@ BAD_34_TRACED: list[tuple[list[str], str]] = [
     (["sweep", "--algorithm", "feddyn", "--grid", "regularization=0"], "--grid regularization"),
 ]
 
+# a preset's own range checks, after loading the data, before `simulate` starts
+BAD_34_HPARAMS: list[tuple[list[str], str]] = [
+    (["run", "--algorithm", "fedadam", "--hparams", "b2=1.5"], "--hparams b2=1.5"),
+    (["run", "--algorithm", "fedadam", "--hparams", "eps=0"], "--hparams eps=0"),
+    (["run", "--algorithm", "fedavgm", "--hparams", "momentum=1"], "--hparams momentum=1"),
+    (["run", "--algorithm", "fedsam", "--hparams", "rho=-1"], "--hparams rho=-1"),
+]
+
 # --config files: (JSON text, the key the message must name)
 BAD_CONFIGS: list[tuple[str, str]] = [
     ("[1, 2]", "JSON object"),
@@ -412,7 +421,7 @@ def test_divergence_warning():
 
 # ------------------------------------------------------------------------------ issue 34
 def test_issue_34_has_120_bad_invocations():
-    assert len(BAD_34) + len(BAD_34_TRACED) >= 120
+    assert len(BAD_34) + len(BAD_34_TRACED) + len(BAD_34_HPARAMS) >= 120
 
 
 @pytest.mark.parametrize("args, names", BAD_34, ids=[" ".join(a)[:60] for a, _ in BAD_34])
@@ -431,6 +440,19 @@ def test_issue_34_refused_before_compiling(capsys, workdir, monkeypatch, args, n
         raise AssertionError("the sweep started")
 
     monkeypatch.setattr(fedjax_sim.sweep, "sweep", started)
+    _refused(capsys, workdir, [*args, "--no-progress"], names)
+
+
+@pytest.mark.parametrize(
+    "args, names", BAD_34_HPARAMS, ids=[" ".join(a)[:60] for a, _ in BAD_34_HPARAMS]
+)
+def test_issue_34_hparam_ranges_refused_before_running(capsys, workdir, monkeypatch, args, names):
+    """A preset's own range check names the `--hparams` entry and stops before `simulate`."""
+
+    def started(*args, **kwargs):
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(sys.modules["fedjax_sim.simulate"], "simulate", started)
     _refused(capsys, workdir, [*args, "--no-progress"], names)
 
 
