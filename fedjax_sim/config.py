@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
 import inspect
 import math
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal
 
 from fedjax_sim import validate
@@ -28,7 +29,8 @@ class RunConfig:
     """Run a federated simulation and write history.json/.csv/.png to --out."""
 
     algorithm: str = "fedavg"
-    """Registered algorithm (see `fedjax-sim list`)."""
+    """Registered algorithm (see `fedjax-sim list`) or your own factory as module:attribute
+    (e.g. mypkg.algs:my_fedavg, imported from the Python path; checked like a preset)."""
     dataset: str = "digits"
     """Registered dataset (see `fedjax-sim list`: digits, fashion_mnist, shakespeare, mnist,
     cifar10, ...) or tfds:<catalogue name> (prepared on disk in array_record format)."""
@@ -131,8 +133,10 @@ class RunConfig:
     """Rounds between evaluations (one compiled scan chunk each)."""
     seed: int = 0
     """Seed of the run key and of the partition."""
-    out: str = "results/{algorithm}_{dataset}"
-    """Results folder ({algorithm} and {dataset} are filled in)."""
+    out: str = "results/{algorithm}_{dataset}{settings}"
+    """Results folder ({algorithm}, {dataset} and {settings} are filled in; {settings} is
+    empty for the default settings, else _ and a hash of the changed ones, so runs with other
+    settings never replace each other's results)."""
     checkpoint_every: int | None = None
     """Checkpoint the full state every N rounds (into OUT/checkpoints)."""
     resume: bool = False
@@ -146,12 +150,9 @@ class RunConfig:
 
 def check_config(cfg: RunConfig) -> None:
     """Raises UsageError for impossible generic settings (before anything is built)."""
-    from fedjax_sim import algorithms, data, models
+    from fedjax_sim import data, models
 
-    if cfg.algorithm not in algorithms.ALGORITHMS:
-        raise UsageError(
-            f"unknown algorithm {cfg.algorithm!r}; choose from {sorted(algorithms.ALGORITHMS)}"
-        )
+    algorithm_factory(cfg.algorithm)
     if not data.is_registered(cfg.dataset):
         raise UsageError(
             f"unknown dataset {cfg.dataset!r}; choose from {sorted(data.DATASETS)} "
@@ -278,7 +279,7 @@ def build_run(cfg: RunConfig, mesh=None, explicit: Collection[str] | None = None
     kwargs = algorithm_kwargs(cfg, explicit, data=dataset.train, client_map=client_map)
     assert kwargs.keys() >= kwargs_without_data.keys()
     try:
-        algorithm = ALGORITHM_FACTORIES()[cfg.algorithm](model.loss, **kwargs)
+        algorithm = algorithm_factory(cfg.algorithm)(model.loss, **kwargs)
     except ValueError as e:  # the preset's own range checks: name the --hparams it concerns
         named = [h for h in cfg.hparams if re.search(rf"\b{re.escape(h.split('=')[0])}\b", str(e))]
         raise UsageError(f"--hparams {' '.join(named)}: {e}" if named else str(e)) from None
@@ -315,10 +316,36 @@ ALGORITHM_FLAGS: dict[str, str] = {
 }
 
 
-def ALGORITHM_FACTORIES() -> dict[str, Any]:  # noqa: N802 (the registry, imported lazily)
+def algorithm_factory(name: str) -> Callable[..., Any]:
+    """The factory `--algorithm name` names: a registered preset, or `module:attribute` (a
+    user's own factory, imported; `attribute` may be dotted). UsageError (one line) for an
+    unknown name, a module that cannot be imported or a missing or non-callable attribute."""
     from fedjax_sim import algorithms
 
-    return algorithms.ALGORITHMS
+    if name in algorithms.ALGORITHMS:
+        return algorithms.ALGORITHMS[name]
+    module, sep, attribute = name.partition(":")
+    if not sep:
+        raise UsageError(
+            f"unknown algorithm {name!r}; choose from {sorted(algorithms.ALGORITHMS)} or give "
+            "your own factory as module:attribute"
+        )
+    try:
+        factory = importlib.import_module(module)
+    except Exception as e:  # ImportError, or the module's own error while importing
+        raise UsageError(f"--algorithm {name}: cannot import {module!r} ({_one_line(e)})") from e
+    for part in attribute.split("."):
+        if not hasattr(factory, part):
+            raise UsageError(f"--algorithm {name}: {module!r} has no attribute {attribute!r}")
+        factory = getattr(factory, part)
+    if not callable(factory):
+        raise UsageError(f"--algorithm {name}: {attribute!r} is not a callable factory")
+    return factory
+
+
+def _one_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
 
 
 def explicit_fields(cfg: RunConfig) -> set[str]:
@@ -559,10 +586,7 @@ def algorithm_kwargs(
     the algorithm has, `num_clients` / `data` / `client_map` where it takes them, and the
     `--hparams`. Raises UsageError for an explicit flag the algorithm does not use, an
     unknown or ill-typed hyper-parameter."""
-    factories = ALGORITHM_FACTORIES()
-    if cfg.algorithm not in factories:
-        raise UsageError(f"unknown algorithm {cfg.algorithm!r}; choose from {sorted(factories)}")
-    factory = factories[cfg.algorithm]
+    factory = algorithm_factory(cfg.algorithm)
     accepted = hyper_parameters(factory)
     explicit = explicit_fields(cfg) if explicit is None else set(explicit)
     for flag, concept in ALGORITHM_FLAGS.items():

@@ -29,29 +29,42 @@ def _jsonable(x: Any) -> Any:
 
 
 class Series:
-    """A growable column of per-round values `[n, ...]` in one NumPy buffer (capacity
-    doubling), with the list operations `History` uses: a long run costs a few bytes per
-    round and metric, not a Python object each (constant memory per round, issue 19)."""
+    """A growable column of per-round values `[n, ...]` in one NumPy buffer, with the list
+    operations `History` uses: a long run costs a few bytes per round and metric, not a
+    Python object each (constant memory per round, issue 19). The capacity doubles only when
+    the buffer is full, so it stays below twice the number of entries; the dtype is that of
+    the first values (a later dtype is promoted to a common one, without growing), and a
+    saved history records it (`History.to_dict`'s `dtypes`) so a restored column continues in
+    the dtype the run produces (float32 metrics print as before a resume, ints stay ints)."""
 
     __slots__ = ("_data", "_n")
 
-    def __init__(self, values: Any = ()):
-        arr = np.asarray(values)
+    def __init__(self, values: Any = (), dtype: Any = None):
+        arr = np.asarray(values, dtype=dtype)
         if arr.dtype == object or arr.ndim == 0:
             raise ValueError("a Series holds [n, ...] numeric values")
         self._data, self._n = arr.copy(), len(arr)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._data.dtype
+
+    @property
+    def capacity(self) -> int:
+        """Rows allocated (the buffer's length; `len(self)` of them are used)."""
+        return len(self._data)
 
     def extend(self, values: Any) -> None:
         values = np.asarray(values)
         if not len(values):
             return
-        if self._n == 0 and not len(self._data):
-            self._data = np.empty((max(16, len(values)), *values.shape[1:]), values.dtype)
         need = self._n + len(values)
-        if need > len(self._data) or values.dtype != self._data.dtype:
-            dtype = np.result_type(self._data.dtype, values.dtype)
-            grown = np.empty((max(need, 2 * len(self._data)), *values.shape[1:]), dtype)
-            grown[: self._n] = self._data[: self._n]
+        dtype = np.result_type(self._data.dtype, values.dtype) if self._n else values.dtype
+        capacity = self.capacity if need <= self.capacity else max(need, 2 * self.capacity, 16)
+        if capacity != self.capacity or dtype != self._data.dtype:
+            grown = np.empty((capacity, *values.shape[1:]), dtype)
+            if self._n:
+                grown[: self._n] = self._data[: self._n]
             self._data = grown
         self._data[self._n : need] = values
         self._n = need
@@ -131,15 +144,25 @@ class History:
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict; `dtypes` names each metric column's NumPy dtype (restored by
+        `from_dict`)."""
+        dtypes = {k: str(v.dtype) for k, v in self.metrics.items() if isinstance(v, Series)}
         return _jsonable(
-            {"meta": self.meta, "rounds": self.rounds, "metrics": self.metrics, "eval": self.evals}
+            {
+                "meta": self.meta,
+                "rounds": self.rounds,
+                "metrics": self.metrics,
+                "dtypes": dtypes,
+                "eval": self.evals,
+            }
         )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> History:
+        dtypes = d.get("dtypes", {})
         return cls(
             rounds=list(d.get("rounds", [])),
-            metrics={k: _series(v) for k, v in d.get("metrics", {}).items()},
+            metrics={k: _series(v, dtypes.get(k)) for k, v in d.get("metrics", {}).items()},
             evals=[dict(e) for e in d.get("eval", [])],
             meta=dict(d.get("meta", {})),
         )
@@ -257,14 +280,11 @@ class HistoryWriter:
             self._rewrite(history)  # a new column: rewrite once
             return
         by_round: dict[int, dict[str, Any]] = {}
-        lines = []
         for i, r in enumerate(rounds, start=self._rounds):
-            row = {k: history.metrics[k][i] for k in history.metrics}
-            lines.append(json.dumps(_jsonable({"round": r, **row})))
-            by_round.setdefault(r, {}).update({k: row[k] for k in scalar})
+            by_round.setdefault(r, {}).update({k: history.metrics[k][i] for k in scalar})
         for e in evals:
-            lines.append(json.dumps(_jsonable({"round": e["round"], "eval": e})))
             by_round.setdefault(e["round"], {}).update(e)
+        lines = _jsonl_lines(history, self._rounds, self._evals)
         import io
 
         buf = io.StringIO()
@@ -282,10 +302,7 @@ class HistoryWriter:
         text = history.to_csv()
         self._header = text.splitlines()[0].split(",") if text else ["round"]
         _atomic_write(self.csv_path, text)
-        lines = [
-            json.dumps(_jsonable({"round": r, **{k: v[i] for k, v in history.metrics.items()}}))
-            for i, r in enumerate(history.rounds)
-        ] + [json.dumps(_jsonable({"round": e["round"], "eval": e})) for e in history.evals]
+        lines = _jsonl_lines(history, 0, 0)
         _atomic_write(self.jsonl_path, "".join(line + "\n" for line in lines))
         self._rounds, self._evals = len(history.rounds), len(history.evals)
         self.started = True
@@ -300,12 +317,26 @@ class HistoryWriter:
             history.plot(os.path.join(self.out_dir, "history.png"))
 
 
-def _series(values: list) -> Series | list:
-    """A loaded metric column as a Series (a list if it is not numeric, e.g. "nan" strings)."""
+def _series(values: list, dtype: str | None = None) -> Series | list:
+    """A loaded metric column as a Series of `dtype` (float64 for a history saved without
+    dtypes; a list if it is not numeric)."""
     try:
-        return Series(np.asarray(values, dtype=float) if values else np.zeros((0,)))
+        return Series(values if values else np.zeros((0,)), dtype=dtype or float)
     except (TypeError, ValueError):
         return list(values)
+
+
+def _jsonl_lines(history: History, first_round: int, first_eval: int) -> list[str]:
+    """`history.jsonl` lines of the rounds and evaluations from these indices on, in round
+    order (an evaluation after its round's metrics), so the file does not depend on how the
+    run was chunked or resumed."""
+    rows = [
+        (r, 0, {"round": r, **{k: v[i] for k, v in history.metrics.items()}})
+        for i, r in enumerate(history.rounds[first_round:], start=first_round)
+    ]
+    rows += [(e["round"], 1, {"round": e["round"], "eval": e}) for e in history.evals[first_eval:]]
+    rows.sort(key=lambda row: row[:2])
+    return [json.dumps(_jsonable(row)) for _, _, row in rows]
 
 
 def _scalar_metrics(history: History) -> list[str]:

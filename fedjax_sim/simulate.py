@@ -212,8 +212,10 @@ def simulate(
     mesh: Mesh | None = None,
     on_resume: Callable[[int], None] | None = None,
     privacy: Callable[[int], float] | None = None,
-) -> History:
-    """Runs `num_rounds` steps of `algorithm` and returns the `History`.
+    return_state: bool = False,
+) -> History | tuple[History, Any]:
+    """Runs `num_rounds` steps of `algorithm` and returns the `History` (with `return_state`,
+    `(history, final state)`, as `simulate_streamed`).
 
     Args:
       algorithm: an `Algorithm` (e.g. `fedavg(model.loss, ...)`).
@@ -244,6 +246,8 @@ def simulate(
         state are placed sharded by client, the rest replicated (build the algorithm with
         `ClientMap(mesh=mesh)` so cohorts are sharded too). Multi-process runs pass global
         `data` (see `fedjax_sim.distributed`); only process 0 writes outputs.
+      return_state: also return the final algorithm state (e.g. to continue it, or to read
+        per-client rows); a run resumed at or past `num_rounds` returns the restored one.
 
     Raises:
       NonFiniteError: the global model became NaN/Inf (the message names the round).
@@ -276,7 +280,7 @@ def simulate(
         if on_resume is not None:
             on_resume(start)
         if start >= num_rounds:
-            return history
+            return (history, state) if return_state else history
     files = HistoryWriter(out_dir) if out_dir and writer else None
 
     # resolves (measures) ClientMap("auto") before compiling; the round's modes are recorded
@@ -363,7 +367,7 @@ def simulate(
                 files.finish(history)
         if ckpt:
             ckpt.close()
-    return history
+    return (history, state) if return_state else history
 
 
 def owned(tree: Any) -> Any:

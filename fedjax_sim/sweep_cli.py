@@ -27,6 +27,7 @@ import tyro
 from fedjax_sim import validate
 from fedjax_sim.config import (
     RunConfig,
+    algorithm_factory,
     algorithm_kwargs,
     build_run,
     check_config,
@@ -64,8 +65,8 @@ class SweepConfig(RunConfig):
     """Runs vmapped together (default: planned from the memory budget)."""
     memory_budget_gb: float | None = None
     """Memory budget of the run planner (default: half the available memory)."""
-    out: str = "results/sweep_{algorithm}_{dataset}"
-    """Results folder ({algorithm} and {dataset} are filled in)."""
+    out: str = "results/sweep_{algorithm}_{dataset}{settings}"
+    """Results folder ({algorithm}, {dataset} and {settings} are filled in, as for run)."""
 
 
 # ------------------------------------------------------------------------------ the grid
@@ -114,15 +115,13 @@ def check_grid(cfg: RunConfig, grid: dict[str, list[float]]) -> None:
     or a value the run command rejects (no compilation; before the data is loaded)."""
     from fedjax_sim import algorithms
 
-    if cfg.algorithm not in algorithms.ALGORITHMS:
-        return  # reported by the run checks
-    takes = hyper_parameters(algorithms.ALGORITHMS[cfg.algorithm])
+    takes = hyper_parameters(algorithm_factory(cfg.algorithm))
     numeric = {
         n for n, p in takes.items() if isinstance(p.default, int | float) and p.default is not True
     }
     known = sorted((numeric | {f for f, c in GRID_FLAGS.items() if c in takes}) - {"num_clients"})
     everywhere = set(GRID_FLAGS).union(
-        *(hyper_parameters(f) for f in algorithms.ALGORITHMS.values())
+        takes, *(hyper_parameters(f) for f in algorithms.ALGORITHMS.values())
     )
     for name, values in grid.items():
         concept = GRID_FLAGS.get(name, name)
@@ -150,11 +149,9 @@ def build_sweep(
     """`(dataset, model, make_algorithm, client_map)`: the run of `cfg` (`config.build_run`)
     whose grid hyper-parameters come from `make_algorithm(hparams)`. Every grid value is
     first built statically, so the factories' own value checks run before compiling."""
-    from fedjax_sim import algorithms
-
     dataset, model, _, client_map = build_run(cfg, None, explicit)
     kwargs = algorithm_kwargs(cfg, explicit, data=dataset.train, client_map=client_map)
-    factory = algorithms.ALGORITHMS[cfg.algorithm]
+    factory = algorithm_factory(cfg.algorithm)
 
     def make_algorithm(hparams: dict[str, Any]):
         args = dict(kwargs)

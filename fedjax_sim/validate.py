@@ -9,6 +9,7 @@ failure raises `UsageError` with one line naming the flag (`--field-name`) and t
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
 import json
 import math
@@ -362,6 +363,8 @@ RESUMABLE = frozenset(
         "process_id",
         "data_dir",
         "out",
+        "runs_per_group",  # a sweep's planner
+        "memory_budget_gb",
     }
 )
 CHAR_MODELS = ("lstm", "gru")
@@ -390,7 +393,8 @@ def check_run(cfg: Any, max_virtual_devices: int | None = None) -> str:
         check_devices(cfg.devices, max_virtual_devices)
     if getattr(cfg, "resume", False) and getattr(cfg, "resume_or_start", False):
         raise UsageError("--resume and --resume-or-start are exclusive; give one")
-    out = format_out(cfg.out, algorithm=cfg.algorithm, dataset=cfg.dataset)
+    algorithm = cfg.algorithm.replace(":", ".")  # a user's module:factory
+    out = format_out(cfg.out, algorithm=algorithm, dataset=cfg.dataset, settings=settings_tag(cfg))
     check_writable_dir(out)
     return out
 
@@ -442,6 +446,24 @@ def check_devices(devices: int, max_virtual_devices: int | None = None) -> None:
     cap = max_virtual_devices or max(64, 4 * (os.cpu_count() or 1))
     if devices > cap:
         raise UsageError(f"--devices {devices}: more than {cap} devices on one host")
+
+
+def settings_tag(cfg: Any) -> str:
+    """`--out`'s `{settings}`: empty for the default settings, else `_` and 8 hex digits of a
+    hash of the settings that differ from the defaults (outside `RESUMABLE`; the algorithm
+    and the dataset name the folder themselves), so runs with other settings (DP, attack,
+    aggregator, seed, ...) never share a default results folder; the same command (also with
+    --resume or more --rounds) always finds its own."""
+    default = type(cfg)()
+    changed = {
+        f.name: _norm(getattr(cfg, f.name))
+        for f in dataclasses.fields(cfg)
+        if f.name not in RESUMABLE | {"algorithm", "dataset"}
+        and _norm(getattr(cfg, f.name)) != _norm(getattr(default, f.name))
+    }
+    if not changed:
+        return ""
+    return "_" + hashlib.sha256(json.dumps(changed, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def check_bench(cfg: Any) -> str:

@@ -1,12 +1,15 @@
 """CLI: the README's main command end to end (few rounds), and clear exit-2 errors."""
 
+import dataclasses
 import json
 import subprocess
 import sys
 
 import pytest
 
+from fedjax_sim import validate
 from fedjax_sim.cli import main
+from fedjax_sim.config import RunConfig
 
 
 def _run(*args, cwd=None):
@@ -82,3 +85,87 @@ def test_list(capsys):
     out = capsys.readouterr().out
     for name in ["fedavg", "fedprox", "fedsgd", "fedadam", "digits", "dirichlet", "mlp"]:
         assert name in out
+
+
+TINY = ["--rounds", "2", "--eval-every", "1", "--num-clients", "10", "--cohort-size", "3"]
+TINY += ["--hidden", "4", "--local-steps", "1", "--no-progress"]
+
+
+def test_default_folder_is_distinct_per_configuration(tmp_path, monkeypatch):
+    """Runs with other DP / attack / aggregator / seed settings never share (and so never
+    replace) a default results folder; settings that leave the results unchanged (rounds,
+    evaluation period, resume, progress) keep it."""
+    base = RunConfig()
+    assert validate.check_run(base) == "results/fedavg_digits"
+    same = [dict(rounds=5000, resume=True), dict(eval_every=1, progress=False, devices=2)]
+    for changes in same:
+        assert validate.check_run(dataclasses.replace(base, **changes)) == "results/fedavg_digits"
+    other = [
+        dict(dp_clip=1.0, target_epsilon=8.0),
+        dict(dp_clip=1.0, target_epsilon=4.0),
+        dict(attack="sign_flip"),
+        dict(aggregator="median"),
+        dict(seed=1),
+    ]
+    folders = {validate.check_run(dataclasses.replace(base, **c)) for c in other}
+    assert len(folders) == len(other) and "results/fedavg_digits" not in folders
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", *TINY]) == 0
+    assert main(["run", *TINY, "--dp-clip", "1"]) == 0
+    configs = [
+        json.loads((folder / "history.json").read_text())["meta"]["config"]
+        for folder in (tmp_path / "results").iterdir()
+    ]
+    assert sorted(str(c["dp_clip"]) for c in configs) == ["1.0", "None"]
+
+
+MY_ALGS = '''
+from fedjax_sim.algorithms.compose import preset, synchronous
+
+
+@preset()
+def my_fedavg(loss_fn, *, boost: float = 1.0, options):
+    """FedAvg, written outside the package."""
+    return synchronous(loss_fn, options)
+
+
+not_callable = 3
+'''
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("no_such_module_34:f", "cannot import 'no_such_module_34'"),
+        ("my_algs_34:nope", "'my_algs_34' has no attribute 'nope'"),
+        ("my_algs_34:not_callable", "is not a callable factory"),
+        ("my_algs_34", "unknown algorithm 'my_algs_34'"),
+    ],
+)
+def test_own_algorithm_errors_are_one_line(tmp_path, monkeypatch, capsys, name, message):
+    (tmp_path / "my_algs_34.py").write_text(MY_ALGS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--algorithm", name, *TINY]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err, err
+    assert not (tmp_path / "results").exists()
+
+
+def test_own_algorithm_from_the_command_line(tmp_path, monkeypatch, capsys):
+    """`--algorithm module:factory` runs the user's factory, checked like a preset, with the
+    results of the preset it reproduces."""
+    (tmp_path / "my_algs_34.py").write_text(MY_ALGS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    own = ["run", "--algorithm", "my_algs_34:my_fedavg", *TINY]
+    assert main([*own, "--hparams", "boost=x"]) == 2
+    assert "my_algs_34:my_fedavg's boost is a number" in capsys.readouterr().err
+    assert main([*own, "--mu", "0.5"]) == 2  # a flag it does not use
+    assert "--mu is not used by my_algs_34:my_fedavg" in capsys.readouterr().err
+    assert main([*own, "--hparams", "boost=2"]) == 0
+    assert main(["run", *TINY]) == 0
+    out = tmp_path / "results"
+    [mine] = out.glob("my_algs_34.my_fedavg_digits_*")
+    [plain] = out.glob("fedavg_digits_*")
+    assert (mine / "history.csv").read_text() == (plain / "history.csv").read_text()

@@ -340,7 +340,9 @@ def _fake_checkpoint(workdir, round_: int, **overrides) -> str:
 def test_resume_with_other_settings_names_them(capsys, workdir):
     _fake_checkpoint(workdir, 40, num_clients=50, cohort_size=5)
     _refused(capsys, workdir, ["run", "--resume"], "--num-clients 50 -> 100")
-    _refused(capsys, workdir, ["run", "--resume-or-start", "--hidden", "8"], "--hidden")
+    # other settings have their own default folder: name the one holding the checkpoint
+    again = ["run", "--resume-or-start", "--hidden", "8", "--out", "results/fedavg_digits"]
+    _refused(capsys, workdir, again, "--hidden")
 
 
 def test_fresh_run_over_an_interrupted_one_is_refused(capsys, workdir):

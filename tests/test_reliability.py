@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from fedjax_sim import validate
+from fedjax_sim.config import RunConfig
 from fedjax_sim.history import History, HistoryWriter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,7 +48,9 @@ def test_ctrl_c_saves_and_resume_continues(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    csv = tmp_path / "results" / "fedavg_digits" / "history.csv"
+    flags = dict(progress=False, eval_every=5, num_clients=20, hidden=(8,), local_steps=2)
+    out = tmp_path / validate.check_run(RunConfig(**flags, cohort_size=4))  # its own folder
+    csv = out / "history.csv"
     deadline = time.time() + 300
     while not csv.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
@@ -57,15 +61,15 @@ def test_ctrl_c_saves_and_resume_continues(tmp_path):
     line = [ln for ln in err.splitlines() if "interrupted at round" in ln][0]
     stopped = int(line.split("interrupted at round ")[1].split(";")[0])
     assert stopped > 0 and "rerun the same command with --resume" in line
-    ckpts = tmp_path / "results" / "fedavg_digits" / "checkpoints"
+    ckpts = out / "checkpoints"
     assert str(stopped) in os.listdir(ckpts)
-    hist = json.loads((tmp_path / "results" / "fedavg_digits" / "history.json").read_text())
+    hist = json.loads((out / "history.json").read_text())
     assert hist["rounds"] == list(range(1, stopped + 1))  # summary written on interrupt
 
     done = _cli(*args, "--rounds", str(stopped + 5), "--resume", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert f"resumed from round {stopped}" in done.stdout
-    hist = History.load(str(tmp_path / "results" / "fedavg_digits" / "history.json"))
+    hist = History.load(str(out / "history.json"))
     assert hist.rounds == list(range(1, stopped + 6))
     rows = csv.read_text().splitlines()
     assert [int(r.split(",")[0]) for r in rows[1:]] == list(range(stopped + 6))

@@ -241,3 +241,22 @@ def test_simulate_bad_arguments(digits, kw):
     args = dict(model=model, num_rounds=2, progress=False) | kw
     with pytest.raises(ValueError):
         simulate(alg, digits.train, jax.random.key(0), **args)
+
+
+def test_return_state_is_the_final_state(digits, tmp_path):
+    """`return_state=True`: the state after the last round (its evaluation is the history's
+    last row, and a resumed run returns the same state bit for bit)."""
+    model, alg = _setup(digits)
+    key = jax.random.key(5)
+    kw = dict(model=model, test=digits.test, evaluation=EvalSpec(every=2), progress=False)
+    hist, state = simulate(alg, digits.train, key, num_rounds=6, return_state=True, **kw)
+    assert int(state.round) == 6
+    final = evaluate_central(model, state.params, digits.test)
+    assert hist.final()["test_accuracy"] == float(final["test_accuracy"])
+    ckpt = dict(checkpoint_dir=str(tmp_path / "c"), checkpoint_every=3)
+    simulate(alg, digits.train, key, num_rounds=3, **ckpt, **kw)
+    for rounds in (6, 4):  # continued to 6; then already past 4: the restored state
+        _, resumed = simulate(
+            alg, digits.train, key, num_rounds=rounds, resume=True, return_state=True, **ckpt, **kw
+        )
+        jax.tree.map(np.testing.assert_array_equal, resumed, state)

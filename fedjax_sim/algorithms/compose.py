@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
+from jax.flatten_util import ravel_pytree
 
 from fedjax_sim.algorithms.core import (
     COHORT,
@@ -764,6 +765,7 @@ def compose(
     cohort: CohortSpec | Distributor = CohortSpec(),
     client_map: ClientMap = ClientMap(),
     report_cohort: bool = False,
+    report_sent: bool = False,
 ) -> Algorithm:
     """A synchronous federated algorithm from its parts.
 
@@ -777,6 +779,11 @@ def compose(
       client_map: how the cohort is mapped (vmap / chunked lax.map / sharded).
       report_cohort: also report the round's `cohort_ids [M]`, `cohort_weights [M]` and the
         local steps each cohort client executed, `cohort_steps [M]`.
+      report_sent: also report `sent [M, d]`: what each cohort client sent over the network
+        (its update after the aggregator's encode, i.e. compressed, clipped or poisoned by
+        an attack), flattened in `jax.flatten_util.ravel_pytree(params)` order; rows of
+        clients with weight 0 are reported too. With `mean()` the weighted mean of the rows
+        is the round's update.
 
     Metrics: `train_loss`, `participants`, `stragglers`, `local_steps`, `update_norm`,
     `consistency` (FedMIM's C_t), `bytes_up`, `bytes_down`, `uplink_memory_rms` (aggregators
@@ -796,7 +803,7 @@ def compose(
     hooks = work.hook.hooks
     uniform_work = work.local.epochs is None and work.stragglers.fraction == 0.0
     cohort_attack = work.attack is not None and work.attack.cohort_level
-    stack_sent = aggregator.stacked or cohort_attack
+    stack_sent = aggregator.stacked or cohort_attack or report_sent
 
     def init(params: Params, key: jax.Array) -> FederatedState:
         del key
@@ -873,9 +880,13 @@ def compose(
             total_sent = jax.tree.map(
                 lambda x: jnp.tensordot(weights.astype(x.dtype), x, axes=1), stacked
             )
-            stacked = stacked if aggregator.stacked else None
         update, agg_server, agg_metrics = aggregator.reduce(
-            agg_server, total_sent, total_weight, stacked, weights, uplink_key
+            agg_server,
+            total_sent,
+            total_weight,
+            stacked if aggregator.stacked else None,
+            weights,
+            uplink_key,
         )
         contributed = total_weight > 0
         part = weights > 0
@@ -952,6 +963,8 @@ def compose(
             metrics["uplink_memory_rms"] = tree_norm(agg_rows) / jnp.sqrt(data.num_clients)
         if report_cohort:
             metrics.update(cohort_ids=ids, cohort_weights=weights, cohort_steps=local_steps)
+        if report_sent:
+            metrics["sent"] = jax.vmap(lambda row: ravel_pytree(row)[0])(stacked)
         new_state = FederatedState(
             params=params,
             opt_state=opt_state,
@@ -989,6 +1002,7 @@ class Options:
     num_clients: int | None = None
     client_map: ClientMap = ClientMap()
     report_cohort: bool = False
+    report_sent: bool = False
     attack: Any = None
 
 
@@ -1072,4 +1086,5 @@ def synchronous(loss_fn: LossFn, options: Options, *hooks: LocalHook) -> Algorit
         cohort=o.cohort,
         client_map=o.client_map,
         report_cohort=o.report_cohort,
+        report_sent=o.report_sent,
     )

@@ -222,3 +222,33 @@ def test_async_rules_take_an_optax_server_optimizer(x64):
         assert 0 < aggregations < 9
         count = jax.tree.leaves(adam.rule.opt_state)[0]  # optax's step count
         assert int(count) == aggregations, factory.__name__
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_report_sent_is_what_the_server_averages(x64, compress):
+    """`report_sent=True`: the rows `sent [M, d]` are the cohort's encoded updates (top-2
+    compressed: at most 2 non-zeros each) and their weighted mean is the server's step (FedAvg,
+    server learning rate 1)."""
+    problem = least_squares(num_clients=6, examples_per_client=np.arange(3, 9), dim=DIM, seed=1)
+    kw = dict(aggregator=error_feedback(TopK(k=2)), num_clients=6) if compress else {}
+    alg = fedavg(
+        linear_regression(DIM).loss,
+        client_optimizer=0.05,
+        local=LocalSpec(steps=2, sampling="full"),
+        cohort=CohortSpec(size=4),
+        report_cohort=True,
+        report_sent=True,
+        **kw,
+    )
+    w = np.linspace(-1.0, 1.0, DIM)
+    state = alg.init({"w": jnp.asarray(w)}, jax.random.key(0))
+    step = jax.jit(alg.step)
+    for _ in range(3):
+        state, m = step(state, problem.data, jax.random.key(0))
+        sent, weights = np.asarray(m["sent"]), np.asarray(m["cohort_weights"])
+        assert sent.shape == (4, DIM)
+        nonzeros = (sent != 0).sum(axis=1)
+        assert (nonzeros <= 2).all() if compress else (nonzeros == DIM).all()
+        new = np.asarray(state.params["w"])
+        np.testing.assert_allclose(new - w, weights @ sent / weights.sum(), rtol=1e-12, atol=0)
+        w = new
