@@ -17,7 +17,7 @@ from typing import Literal
 
 import tyro
 
-from fedjax_sim import autotune, validate
+from fedjax_sim import autotune, extras, validate
 from fedjax_sim.bench.config import BenchConfig
 from fedjax_sim.config import (
     RunConfig,
@@ -26,6 +26,7 @@ from fedjax_sim.config import (
     explicit_fields,
     parse_hparams,
     privacy_accounting,
+    privacy_record,
     setup_devices,
 )
 from fedjax_sim.sweep_cli import EXIT_INTERRUPTED, SweepConfig, sweep_command
@@ -95,6 +96,7 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
                 "config": dataclasses.asdict(cfg),
                 "data": summary,
                 "title": f"{cfg.algorithm} on {dataset.name}",
+                **({} if privacy is None else {"privacy": privacy_record(cfg, privacy)}),
             },
             client_map=client_map,
             mesh=mesh,
@@ -294,6 +296,8 @@ def _first_line(obj: Callable) -> str:
 # ------------------------------------------------------------------------------ bench
 def bench(cfg: BenchConfig) -> int:
     validate.check_bench(cfg)
+    if "baselines" in cfg.suite:
+        extras.require("peers", "--suite baselines")
     from fedjax_sim import algorithms
     from fedjax_sim.bench import suites, workloads
 

@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal
 
-from fedjax_sim import validate
+from fedjax_sim import extras, validate
 from fedjax_sim.validate import UsageError
 
 
@@ -160,6 +160,10 @@ def check_config(cfg: RunConfig) -> None:
         )
     if cfg.model not in models.MODELS:
         raise UsageError(f"unknown model {cfg.model!r}; choose from {sorted(models.MODELS)}")
+    if cfg.dp_clip is not None:
+        extras.require("privacy", "--dp-clip")
+    if data.needs_tfds(cfg.dataset):
+        extras.require("tfds", f"--dataset {cfg.dataset}")
     positive = {
         "rounds": cfg.rounds,
         "num_clients": cfg.num_clients,
@@ -438,17 +442,38 @@ def privacy_accounting(cfg: RunConfig, num_clients: int | None = None):
         acc = PrivacyAccounting(
             cfg.dp_noise, c, delta=cfg.dp_delta, accountant=cfg.dp_accountant, **kind
         )
-        if cfg.target_epsilon is not None:
-            acc = acc.calibrated(cfg.target_epsilon, cfg.rounds)
     except ValueError as e:
         raise UsageError(f"--dp-clip: {e}") from e
-    return acc
+    if cfg.target_epsilon is None:
+        try:
+            acc.check(cfg.rounds)
+        except ValueError as e:
+            raise UsageError(f"--dp-accountant {cfg.dp_accountant}: {e}") from e
+        return acc
+    try:
+        return acc.calibrated(cfg.target_epsilon, cfg.rounds)
+    except ValueError as e:
+        raise UsageError(f"--target-epsilon {cfg.target_epsilon:g}: {e}") from e
+
+
+def privacy_record(cfg: RunConfig, acc: Any) -> dict[str, Any]:
+    """What a DP run's history records of its accounting (`meta["privacy"]`): the (calibrated)
+    noise multiplier at full precision, the sampling (kind, rate, expected cohort), the
+    accountant, delta, the clip norm, the adaptive clipping quantile and the target epsilon."""
+    return {
+        **acc.record(),
+        "clip_norm": cfg.dp_clip,
+        "clip_quantile": cfg.dp_quantile,
+        "target_epsilon": cfg.target_epsilon,
+    }
 
 
 def _aggregator(cfg: RunConfig, num_clients: int):
-    from fedjax_sim.algorithms import privacy, robust
+    from fedjax_sim.algorithms import robust
 
     if cfg.dp_clip is not None:
+        from fedjax_sim.algorithms import privacy
+
         acc = privacy_accounting(cfg, num_clients)
         m = privacy.expected_cohort_size(_cohort_spec(cfg, ()), num_clients)
         adaptive = (

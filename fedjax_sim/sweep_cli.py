@@ -33,6 +33,7 @@ from fedjax_sim.config import (
     check_config,
     hyper_parameters,
     privacy_accounting,
+    privacy_record,
     setup_devices,
 )
 from fedjax_sim.validate import UsageError
@@ -280,7 +281,14 @@ def sweep_command(cfg: SweepConfig, explicit: set[str] | None = None) -> int:
             meta={
                 "config": dataclasses.asdict(cfg),
                 "data": dataset.train.summary(),
-                **({} if privacy is None else {"noise_multiplier": privacy.noise_multiplier}),
+                **(
+                    {}
+                    if privacy is None
+                    else {
+                        "noise_multiplier": privacy.noise_multiplier,
+                        "privacy": privacy_record(cfg, privacy),
+                    }
+                ),
             },
             privacy=None if privacy is None else privacy.epsilon,
         )

@@ -39,8 +39,8 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from jax_privacy.clipping import clip_pytree
 
+from fedjax_sim import extras
 from fedjax_sim.algorithms.compose import Aggregator, non_negative, positive
 from fedjax_sim.algorithms.core import CohortSpec
 from fedjax_sim.data.federated import tree_size_bytes
@@ -110,6 +110,7 @@ def dp_mean(
     `dp_clip_norm` (C_t used this round), `dp_unclipped_fraction` (noised b_bar; adaptive
     only), `dp_unit_weights`.
     """
+    clip_pytree = extras.load("jax_privacy.clipping", "privacy", "dp_mean").clip_pytree
     non_negative("noise multiplier", noise_multiplier)
     positive("clip norm", clip_norm)
     positive("expected cohort size", expected_cohort)

@@ -80,14 +80,6 @@ def batch_indices(key: jax.Array, counts: np.ndarray, w: Workload, round_: int =
     return np.asarray(jax.vmap(one)(ids, jnp.asarray(counts, jnp.int32)))
 
 
-def torch_available() -> bool:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 class TorchFedAvg:
     """FedAvg as a plain PyTorch per-client loop on a `Workload`'s dense net.
 

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 from jax import lax
 
+from fedjax_sim import extras
 from fedjax_sim.bench import baselines, measure
 from fedjax_sim.bench.workloads import Workload, build, make_algorithm, model_flops
 
@@ -198,8 +199,8 @@ def measure_torch(
     threads: int | None = None,
 ) -> dict[str, Any]:
     """The plain PyTorch per-client FedAvg loop (skipped row if torch is missing)."""
-    if not baselines.torch_available():
-        return skipped_row(suite, label, w, "torch not installed (pip install -e '.[peers]')")
+    if not extras.installed("peers"):
+        return skipped_row(suite, label, w, extras.message("peers", "the PyTorch baseline"))
     peak = peak or measure.matmul_peak()
     b = build(w.replace(algorithm="fedavg", devices=1))
     x, y, counts = (np.asarray(a) for a in (b.data.x, b.data.y, b.data.counts))

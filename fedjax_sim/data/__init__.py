@@ -7,6 +7,7 @@ from fedjax_sim.data.builtin import (
     load,
     load_digits,
     load_fedprox_synthetic,
+    needs_tfds,
 )
 from fedjax_sim.data.cache import default_cache_dir
 from fedjax_sim.data.dataset import (
@@ -102,6 +103,7 @@ __all__ = [
     "load_shakespeare",
     "load_tfds",
     "natural",
+    "needs_tfds",
     "pack",
     "pack_buckets",
     "padding_waste",

@@ -145,6 +145,13 @@ def is_registered(name: str) -> bool:
     return name in DATASETS or (name.startswith(TFDS_PREFIX) and len(name) > len(TFDS_PREFIX))
 
 
+def needs_tfds(name: str) -> bool:
+    """True for a dataset read with tensorflow-datasets (the `tfds` extra)."""
+    return is_registered(name) and (
+        name.startswith(TFDS_PREFIX) or getattr(DATASETS.get(name), "func", None) is load_tfds
+    )
+
+
 def load(name: str, **kwargs: Any) -> Dataset:
     """Loads a registered dataset by name (`fedjax-sim list` shows them), or `tfds:<name>`."""
     if name.startswith(TFDS_PREFIX) and len(name) > len(TFDS_PREFIX):

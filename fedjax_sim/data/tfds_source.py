@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from fedjax_sim import extras
 from fedjax_sim.data import cache
 from fedjax_sim.data.dataset import Backend, Dataset, check_examples, federate, federate_ids
 from fedjax_sim.data.federated import ArrayData
@@ -40,15 +41,9 @@ class DataNotPrepared(FileNotFoundError):
     """A tfds dataset is not prepared (in array_record format) under the data dir."""
 
 
-def _tfds():
-    try:
-        import tensorflow_datasets as tfds
-    except ImportError as e:  # optional dependency
-        raise ImportError(
-            "reading tfds datasets needs tensorflow-datasets (TensorFlow is NOT needed): "
-            "pip install 'fedjax-sim[tfds]'"
-        ) from e
-    return tfds
+def _tfds() -> Any:
+    """tensorflow_datasets (the `tfds` extra; TensorFlow is not needed)."""
+    return extras.load("tensorflow_datasets", "tfds", "reading tfds datasets")
 
 
 def default_data_dir() -> str:
