@@ -109,12 +109,7 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
         raise UsageError(f"--resume: {e}") from e
     except Interrupted as e:
         if main_process:
-            where = (
-                f"; checkpoint saved to {e.checkpoint}; rerun the same command with --resume"
-                if e.checkpoint
-                else ""
-            )
-            print(f"\nfedjax-sim: interrupted at round {e.round}{where}", file=sys.stderr)
+            print(f"\nfedjax-sim: {e.message()}", file=sys.stderr)
         return EXIT_INTERRUPTED
     if not main_process:
         return 0

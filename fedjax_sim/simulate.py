@@ -47,6 +47,15 @@ class Interrupted(KeyboardInterrupt):
         self.round = round_
         self.checkpoint = checkpoint
 
+    def message(self) -> str:
+        """One line for the user: where the run stopped and how to go on from there."""
+        where = (
+            f"checkpoint saved to {self.checkpoint}; rerun the same command with --resume"
+            if self.checkpoint
+            else "nothing saved (--checkpoint-every N saves progress)"
+        )
+        return f"interrupted at round {self.round}; {where}"
+
 
 class _StopRequest:
     """Ctrl-C handling of a run (main thread only): the first SIGINT asks the run to stop at

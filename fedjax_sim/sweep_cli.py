@@ -295,12 +295,7 @@ def sweep_command(cfg: SweepConfig, explicit: set[str] | None = None) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from e
     except Interrupted as e:
-        where = (
-            f"checkpoint saved to {e.checkpoint}; rerun the same command with --resume"
-            if e.checkpoint
-            else "nothing saved (--checkpoint-every N saves progress)"
-        )
-        print(f"\nfedjax-sim: interrupted at round {e.round}; {where}", file=sys.stderr)
+        print(f"\nfedjax-sim: {e.message()}", file=sys.stderr)
         return EXIT_INTERRUPTED
     result.save(out_dir, cfg.metric, cfg.at_round)
     print(result.table(cfg.metric, cfg.at_round), end="")
