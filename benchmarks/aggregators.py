@@ -10,8 +10,10 @@ after a warm-up call). Each configuration runs in its own subprocess, whose peak
 configuration whose timed call exceeds `--cap-s` is timed once (or killed at 3 x cap) and
 marked. The same run measures a 2048^2 float32 matmul as the machine-speed reference.
 
-    PYTHONPATH=$PWD nice -n 10 python benchmarks/aggregators.py \
-        --out benchmarks/results/aggregators.json
+    PYTHONPATH=$PWD nice -n 10 python benchmarks/aggregators.py
+
+Rows (stamped with commit, machine, load and command) go to
+`benchmarks/results/aggregators.jsonl` (`--out` elsewhere).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import jax.numpy as jnp
 from fedjax_sim.algorithms.compose import mean
 from fedjax_sim.algorithms.privacy import dp_mean
 from fedjax_sim.algorithms.robust import geometric_median, krum, median, trimmed_mean
+from fedjax_sim.bench.results import Recorder
 
 AGGREGATORS = {
     "mean": lambda m: mean(),
@@ -95,15 +98,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--cap-s", type=float, default=60.0)
     ap.add_argument("--max-stack-gb", type=float, default=4.0)
-    ap.add_argument("--out")
+    ap.add_argument("--out", help="JSON lines (default benchmarks/results/aggregators.jsonl)")
     ap.add_argument("--one", nargs=3, metavar=("NAME", "M", "D"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         name, m, d = args.one[0], int(args.one[1]), int(args.one[2])
         print(json.dumps(measure(name, m, d, args.repeats, args.cap_s)))
         return
-    result = {"matmul_gflops": matmul_gflops(), "backend": jax.default_backend(), "rows": []}
-    print(f"2048^2 f32 matmul: {result['matmul_gflops']:.1f} GFLOP/s", flush=True)
+    rec = Recorder("aggregators", args.out)
+    run = {"matmul_gflops": matmul_gflops(), "backend": jax.default_backend()}
+    print(f"2048^2 f32 matmul: {run['matmul_gflops']:.1f} GFLOP/s", flush=True)
     for d in args.d:
         for m in args.M:
             for name in args.aggregators:
@@ -123,11 +127,9 @@ def main() -> None:
                         row["skipped"] = f"killed after {3 * args.cap_s:.0f} s"
                     except subprocess.CalledProcessError as e:
                         row["skipped"] = e.stderr.strip().splitlines()[-1]
-                result["rows"].append(row)
+                rec.add(f"{name} M={m} d={d}", **run, **row)
+                rec.write()
                 print(json.dumps(row), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ compile time, iterations/s, client updates/s (delivered results per second), ove
 the bytes of the per-client state (AREA's r_i and y_i plus the engine's [C] bookkeeping).
 `--full` also times the reference step that trains all C clients and masks (capacity=None).
 
-    nice -n 10 python benchmarks/async_throughput.py --out benchmarks/results/async_throughput.jsonl
+    nice -n 10 python benchmarks/async_throughput.py  # -> benchmarks/results/async_throughput.jsonl
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import platform
 import resource
 import time
 
@@ -26,6 +25,7 @@ import numpy as np
 
 from fedjax_sim.algorithms import area
 from fedjax_sim.algorithms.core import LocalSpec
+from fedjax_sim.bench.results import Recorder
 from fedjax_sim.data import FederatedData, tree_size_bytes
 from fedjax_sim.events import Aggregation, Arrivals, Events
 from fedjax_sim.models import logistic_regression
@@ -110,11 +110,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=2.0, help="timed seconds per config")
     ap.add_argument("--map", default="vmap", choices=["vmap", "map", "auto"])
     ap.add_argument("--full", action="store_true", help="also time the all-C masked step")
-    ap.add_argument("--out", default=None, help="append JSON lines here")
+    ap.add_argument("--out", help="JSON lines (default benchmarks/results/async_throughput.jsonl)")
     args = ap.parse_args()
     model = logistic_regression((args.dim,), 10)
     cmap = ClientMap(args.map)
-    info = {"jax": jax.__version__, "backend": jax.default_backend(), "cpu": platform.processor()}
+    rec = Recorder("async_throughput", args.out)
     rows = []
     for c in args.clients:
         data = make_data(c, args.per_client, args.dim)
@@ -129,14 +129,12 @@ def main() -> None:
                     **measure(
                         data, model, p, capacity=capacity, chunk=n, seconds=args.seconds, cmap=cmap
                     ),
-                    **info,
                     "map": args.map,
                 }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-                if args.out:
-                    with open(args.out, "a") as fh:
-                        fh.write(json.dumps(row) + "\n")
+                rec.add(f"C={c} p={p:g} capacity={capacity}", **row)
+                rec.write()
         del data
     # the ratio asked for: per-iteration time at C = 1e5 vs C = 1e3, equal expected firings
     by = {(r["clients"], r["p_mean"]): r for r in rows if r["capacity"] == "auto"}

@@ -12,7 +12,8 @@ default digits job (`fedjax-sim run`: 100 Dirichlet(0.5) clients, cohort 10, MLP
 10 steps of 16), LR (1000 clients, logistic 60 -> 10, 10 steps of 10, 20 examples/client).
 
 Usage: nice python benchmarks/client_map_auto.py [--workloads W1 digits LR] [--repeats 3]
-           [--out benchmarks/results/client_map_auto.json]
+Rows -> benchmarks/results/client_map_auto.jsonl (`--out` elsewhere); a re-run replaces the
+rows of the workloads it measures and keeps the others.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import jax  # noqa: E402
 from fedjax_sim import autotune, data, models  # noqa: E402
 from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg  # noqa: E402
 from fedjax_sim.bench import workloads  # noqa: E402
+from fedjax_sim.bench.results import Recorder  # noqa: E402
 from fedjax_sim.parallel import ClientMap  # noqa: E402
 
 MODES = [("map", 1), ("map", 2), ("map", 4), ("map", 8), ("map", 16), ("vmap", None)]
@@ -111,15 +113,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--workloads", nargs="*", default=["W1", "digits", "LR"])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out")
+    p.add_argument("--out", help="JSON lines (default benchmarks/results/client_map_auto.jsonl)")
     args = p.parse_args()
-    rows = []
-    if args.out and os.path.exists(args.out):  # keep the rows of workloads not re-run
-        with open(args.out) as f:
-            rows = [r for r in json.load(f)["rows"] if r["workload"] not in args.workloads]
+    rec = Recorder("client_map_auto", args.out)
     for name in args.workloads:
         r = bench(name, args.repeats)
-        rows.append(r)
+        rec.add(name, **r)
+        rec.write()
         ch = r["auto_choice"]
         print(
             f"{name}: best {r['best_mode']} {r['median_seconds'][r['best_mode']]:.4f} s, auto -> "
@@ -127,9 +127,6 @@ def main() -> None:
             f"auto/best {r['auto_over_best']:.3f}, measuring took {r['autotune_seconds']:.1f} s",
             flush=True,
         )
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"rows": rows, "jax": jax.__version__}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,10 @@
 
 Each device count runs in its own subprocess (virtual CPU devices are an XLA flag fixed at
 start-up; on a GPU/TPU host the real devices are used). Reports seconds/round, client-steps/s
-and the scaling efficiency `t(1) / (n * t(n))` as JSON lines.
+and the scaling efficiency `t(1) / (n * t(n))`: rows in benchmarks/results/device_scaling.jsonl
+(`--out` elsewhere), one per device count.
 
-    python benchmarks/device_scaling.py --devices 1 2 4 \
-        --out benchmarks/results/device_scaling.jsonl
+    python benchmarks/device_scaling.py --devices 1 2 4
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ def worker(args: argparse.Namespace) -> None:
     import jax
 
     from fedjax_sim.algorithms import LocalSpec, fedavg
+    from fedjax_sim.bench.measure import machine_info
     from fedjax_sim.parallel import ClientMap, client_mesh
 
     sys.path.insert(0, os.path.dirname(__file__))
@@ -56,24 +57,24 @@ def worker(args: argparse.Namespace) -> None:
         json.dumps(
             {
                 "devices": args.worker_devices,
-                "device_kind": jax.devices()[0].device_kind,
-                "backend": jax.default_backend(),
-                "jax": jax.__version__,
+                "machine": machine_info(),
                 "clients": args.clients,
                 "steps": args.steps,
                 "batch": args.batch,
                 "mode": args.mode,
                 "map_batch": args.map_batch,
-                "compile_s": round(compile_s, 3),
-                "round_s_median": round(med, 4),
-                "round_s_min": round(min(times), 4),
-                "client_steps_per_s": round(args.clients * args.steps / med, 1),
+                "compile_s": compile_s,
+                "round_s_median": med,
+                "round_s_min": min(times),
+                "round_s": times,
+                "client_steps_per_s": args.clients * args.steps / med,
             }
         )
     )
 
 
 def main() -> None:
+    from fedjax_sim.bench.results import Recorder
     from fedjax_sim.distributed import host_device_flags  # JAX starts in the children
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -86,12 +87,13 @@ def main() -> None:
     parser.add_argument("--mode", default="map")
     parser.add_argument("--map-batch", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", help="default benchmarks/results/device_scaling.jsonl")
     parser.add_argument("--worker-devices", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker_devices:
         worker(args)
         return
+    rec = Recorder("device_scaling", args.out, machine=False)
     rows = []
     for n in args.devices:
         env = dict(os.environ)
@@ -103,11 +105,10 @@ def main() -> None:
         rows.append(row)
     base = rows[0]["round_s_median"] * rows[0]["devices"]
     for row in rows:
-        row["efficiency"] = round(base / (row["devices"] * row["round_s_median"]), 3)
+        row["efficiency"] = base / (row["devices"] * row["round_s_median"])
         print(json.dumps(row), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+        rec.add(f"{row['devices']} devices", **row)
+    rec.write()
 
 
 if __name__ == "__main__":

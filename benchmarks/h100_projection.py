@@ -16,18 +16,18 @@ vmapped round between cohorts of 2 and 4 (`bench.suites.per_client_bytes`); the 
 cohort per mode in 80 GB (10 % headroom) with the data on device, and with the data
 streamed (`simulate_streamed`: only the cohort's rows, 3 copies in flight).
 
-Usage: nice python benchmarks/h100_projection.py [--out benchmarks/results/h100_projection.json]
+Usage: nice python benchmarks/h100_projection.py  # -> benchmarks/results/h100_projection.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
 import jax
 from jax.extend import core as jex
 
 from fedjax_sim.bench import measure, suites, workloads
+from fedjax_sim.bench.results import Recorder
 
 H100 = {
     "name": "NVIDIA H100 SXM5 80GB (published peaks)",
@@ -100,8 +100,9 @@ def project(w: workloads.Workload, label: str) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--out")
+    p.add_argument("--out", help="JSON lines (default benchmarks/results/h100_projection.jsonl)")
     args = p.parse_args()
+    rec = Recorder("h100_projection", args.out)
     rows = [
         project(workloads.preset("W1"), "W1"),
         project(workloads.preset("LR").replace(clients=1_000_000), "LR-1e6"),
@@ -113,9 +114,9 @@ def main() -> None:
             f"{r['bound_seconds_tf32'] * 1e3:.1f} ms (tf32), {r['bound_by']}; cohort plan "
             f"{r['largest_cohort_in_80GB']}"
         )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"projection": True, "device": H100, "rounds": rows}, f, indent=1)
+        fields = {k: v for k, v in r.items() if k != "label"}
+        rec.add(r["label"], projection=True, device=H100, **fields)
+    rec.write()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@ append-only history.csv) sampled every `--sample-s` seconds.
 
     PYTHONPATH=$PWD nice -n 5 python benchmarks/history_scaling.py --rounds 2000 20000
     PYTHONPATH=$PWD nice -n 5 python benchmarks/history_scaling.py --rounds 100000 --sample-s 10
+
+Rows (one per round count; a re-run replaces the rows of the counts it measures) go to
+benchmarks/results/history_scaling.jsonl (`--out` elsewhere).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import sys
 import tempfile
 import time
 
+from fedjax_sim.bench.results import Recorder
 from fedjax_sim.bench.suites import rss_of
 
 
@@ -43,8 +47,8 @@ def run(rounds: int, sample_s: float, extra: list[str]) -> dict:
         raise RuntimeError(f"rounds={rounds}: exit {proc.returncode}: {stderr[-2000:]}")
     return {
         "rounds": rounds,
-        "wall_s": round(wall, 2),
-        "simulate_s": round(seconds, 2),
+        "wall_s": wall,
+        "simulate_s": seconds,
         "final_line": stdout.strip().splitlines()[-1],
         "samples": samples,
     }
@@ -54,15 +58,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--rounds", type=int, nargs="+", default=[2000, 20000])
     p.add_argument("--sample-s", type=float, default=10.0)
-    p.add_argument("--out", default="benchmarks/results/history_scaling.jsonl")
+    p.add_argument("--out", help="JSON lines (default benchmarks/results/history_scaling.jsonl)")
     p.add_argument("extra", nargs="*", help="more fedjax-sim run flags (after --)")
     args = p.parse_args()
+    rec = Recorder("history_scaling", args.out, machine=False)
     for rounds in args.rounds:
         row = run(rounds, args.sample_s, args.extra)
         print(json.dumps({k: v for k, v in row.items() if k != "samples"}), flush=True)
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        rec.add(f"{rounds} rounds", **row, sample_s=args.sample_s)
+        rec.write()
 
 
 if __name__ == "__main__":

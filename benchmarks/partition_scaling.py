@@ -6,8 +6,10 @@ array, and the waste after bucketing clients by size (`size_buckets`, optimal co
 buckets). Also times the NumPy reference partitioners at the same scale and Fashion-MNIST loads
 (first = parse + partition + write the cache; later = read the cache).
 
-    PYTHONPATH=. nice -n 10 python benchmarks/partition_scaling.py \
-        --out benchmarks/results/partition_scaling.json
+    PYTHONPATH=. nice -n 10 python benchmarks/partition_scaling.py
+
+Rows (`device <partitioner>`, `numpy <partitioner>`, `fashion_mnist`) go to
+benchmarks/results/partition_scaling.jsonl (`--out` elsewhere).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import time
 import jax
 import numpy as np
 
+from fedjax_sim.bench.results import Recorder
 from fedjax_sim.data import buckets, jax_partition, load_fashion_mnist
 
 numpy_partition = importlib.import_module("fedjax_sim.data.partition")  # module, not function
@@ -117,26 +120,21 @@ def main() -> None:
     parser.add_argument("--buckets", type=int, nargs="*", default=[4, 8, 16])
     parser.add_argument("--skip-numpy", action="store_true")
     parser.add_argument("--skip-fashion-mnist", action="store_true")
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", help="default benchmarks/results/partition_scaling.jsonl")
     args = parser.parse_args()
     n, c = int(args.examples), int(args.clients)
-    result = {
-        "examples": n,
-        "clients": c,
-        "devices": [str(d) for d in jax.devices()],
-        "cpu_count": os.cpu_count(),
-        "load_average_at_start": os.getloadavg(),
-        "device": bench_device(n, c, args.repeats, tuple(args.buckets)),
-    }
+    rec = Recorder("partition_scaling", args.out)
+    scale = {"examples": n, "clients": c}
+    for name, row in bench_device(n, c, args.repeats, tuple(args.buckets)).items():
+        rec.add(f"device {name}", source="device", partitioner=name, **scale, **row)
+    rec.write()
     if not args.skip_numpy:
-        result["numpy"] = bench_numpy(n, c)
+        for name, row in bench_numpy(n, c).items():
+            rec.add(f"numpy {name}", source="numpy", partitioner=name, **scale, **row)
+        rec.write()
     if not args.skip_fashion_mnist and os.path.isdir("/usr/share/datasets/fashion-mnist"):
-        result["fashion_mnist"] = bench_fashion_mnist(args.repeats + 1)
-    result["load_average_at_end"] = os.getloadavg()
-    if args.out:
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        rec.add("fashion_mnist", source="fashion_mnist", **bench_fashion_mnist(args.repeats + 1))
+        rec.write()
 
 
 if __name__ == "__main__":

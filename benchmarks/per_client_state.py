@@ -18,14 +18,13 @@ noise of a shared machine hits every case alike; medians and minima are reported
 Usage:
   nice python benchmarks/per_client_state.py [--clients 1000 100000] [--cohort 100]
       [--rounds 10] [--repeats 15] [--algorithms fedavg scaffold feddyn fedmim]
-      [--out benchmarks/results/per_client_state.json]
+Rows (one per algorithm, mode and C) go to benchmarks/results/per_client_state.jsonl
+(`--out` elsewhere).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import time
 
@@ -35,6 +34,7 @@ import numpy as np
 
 from fedjax_sim import algorithms
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
+from fedjax_sim.bench.results import Recorder
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models import logistic_regression
 from fedjax_sim.parallel import ClientMap
@@ -116,8 +116,9 @@ def main() -> None:
         "--algorithms", nargs="+", default=["fedavg", "scaffold", "feddyn", "fedmim"]
     )
     parser.add_argument("--client-map", default="auto", choices=["auto", "vmap", "map"])
-    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    parser.add_argument("--out", help="default benchmarks/results/per_client_state.jsonl")
     args = parser.parse_args()
+    rec = Recorder("per_client_state", args.out)
 
     datasets = {num: make_data(num) for num in args.clients}
     cases = [
@@ -131,6 +132,13 @@ def main() -> None:
     for c in cases:
         stats = {"median": statistics.median(c["times"]), "min": min(c["times"])}
         results.setdefault(c["name"], {}).setdefault(str(c["clients"]), {})[c["mode"]] = stats
+        rec.add(
+            f"{c['name']} {c['mode']} C={c['clients']}",
+            algorithm=c["name"], mode=c["mode"], clients=c["clients"], cohort=args.cohort,
+            rounds=args.rounds, repeats=args.repeats, client_map=args.client_map,
+            median_s=stats["median"], min_s=stats["min"],
+        )  # fmt: skip
+    rec.write()
 
     small, large = str(min(args.clients)), str(max(args.clients))
     print(f"\nms per round (median / min of {args.repeats}), cohort {args.cohort}")
@@ -144,10 +152,6 @@ def main() -> None:
                 f"| {b['median'] * 1e3:.2f} / {b['min'] * 1e3:.2f} "
                 f"| {b['median'] / a['median']:.2f}x | {b['min'] / a['min']:.2f}x |"
             )
-    if args.out:
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "seconds_per_round": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ import time
 
 import numpy as np
 
+from fedjax_sim.bench.results import Recorder
+
 COHORT = 1000
 PER_CLIENT = 20
 DIM = 784
@@ -148,7 +150,7 @@ def run(args) -> dict:
         out["stall_seconds_per_round"] = st["stall_seconds"] / steady
     out["first_round_seconds"] = times[0]
     out["seconds_per_round"] = statistics.median(times[1:]) if len(times) > 1 else times[0]
-    out["round_seconds"] = [round(t, 3) for t in times]
+    out["round_seconds"] = times
     out["rss_after_imports_gib"] = rss0
     out["peak_rss_gib"] = _rss_gib()
     print(json.dumps(out), flush=True)
@@ -179,7 +181,7 @@ def pair(args) -> None:
         cohort=cohort,
         client_map=ClientMap("map", 1),
     )
-    rows = []
+    rec = Recorder("population_pairs", args.out)
     for c in args.clients:
         data = workloads.make_data(workloads.preset("W1").replace(clients=c, per_client=PER_CLIENT))
         store = ClientStore.open(args.store, num_clients=c)
@@ -209,15 +211,14 @@ def pair(args) -> None:
             "ratio": statistics.median(stream) / statistics.median(dev),
             "prefetch_seconds_per_round": statistics.median(prefetch),
             "stall_seconds_per_round": statistics.median(stall),
-            "device_rounds": [round(t, 3) for t in dev],
-            "disk_rounds": [round(t, 3) for t in stream],
+            "device_rounds": dev,
+            "disk_rounds": stream,
+            "reps": args.reps,
         }
-        rows.append(row)
         print(json.dumps(row), flush=True)
         del data
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"pairs": rows}, f, indent=1)
+        rec.add(f"C={c}", **row)
+        rec.write()
 
 
 CASES = [
@@ -238,6 +239,7 @@ CASES = [
 def run_all(args) -> None:
     """Every case in its own process, `passes` times (forward then reverse order, so the
     load of a shared machine hits every case alike); the summary takes the median."""
+    rec = Recorder("population_scaling", args.out, machine=False)
     results = []
     order = []
     for p in range(args.passes):
@@ -275,11 +277,12 @@ def run_all(args) -> None:
             file=sys.stderr,
             flush=True,
         )
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"cases": results, "summary": summarize(results)}, f, indent=1)
     for row in summarize(results):
         print(json.dumps(row), file=sys.stderr)
+        case = (row["source"], row["clients"])
+        cases = [r for r in results if (r["source"], r["clients"]) == case]
+        rec.add(f"{row['source']} C={row['clients']}", **row, rounds=args.rounds, cases=cases)
+    rec.write()
 
 
 def summarize(results: list[dict]) -> list[dict]:

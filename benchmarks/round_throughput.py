@@ -4,11 +4,12 @@ W1: 1000 clients x 10 local steps x batch 32, MLP 784-200-200-10, random data (1
 per client), full participation. Engine modes: `vmap`, `map(batch_size=k)`; baseline: a
 per-client Python loop over a jitted client update (how sequential simulators work).
 Reports compile time, seconds/round (median and min of `--repeats` rounds), client-steps/s
-and the roofline ratio as JSON lines (stdout and `--out`), in one process (for isolated
+and the roofline ratio as rows in benchmarks/results/round_throughput.jsonl (`--out`
+elsewhere), in one process (for isolated
 measurements with peak memory per configuration use `fedjax-sim bench --suite modes
 baselines`, which runs the same measurements through `fedjax_sim.bench`).
 
-    python benchmarks/round_throughput.py --out benchmarks/results/round_throughput.jsonl
+    python benchmarks/round_throughput.py --skip-vmap --map-batch 1 5
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import numpy as np
 
 from fedjax_sim.bench import measure, runner
+from fedjax_sim.bench.results import Recorder, now
 from fedjax_sim.bench.workloads import PRESETS
 from fedjax_sim.data import FederatedData
 
@@ -39,8 +41,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--map-batch", type=int, nargs="+", default=[1, 5, 10, 25])
     parser.add_argument("--skip-vmap", action="store_true")
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", help="default benchmarks/results/round_throughput.jsonl")
     args = parser.parse_args()
+    rec = Recorder("round_throughput", args.out)
 
     w = PRESETS["W1"].replace(
         clients=args.clients,
@@ -63,15 +66,16 @@ def main() -> None:
     print(json.dumps(loop), flush=True)
     best = min(rows, key=lambda r: r["round_s_median"]) if rows else loop
     summary = {
-        "summary": True,
+        "kind": "summary",
+        "label": "summary",
+        "time": now(),
         "best_mode": best["label"],
-        "speedup_vs_loop": round(loop["round_s_median"] / best["round_s_median"], 2),
+        "speedup_vs_loop": loop["round_s_median"] / best["round_s_median"],
     }
     print(json.dumps(summary))
-    if args.out:
-        with open(args.out, "w") as f:
-            for row in [*rows, loop, summary]:
-                f.write(json.dumps(row) + "\n")
+    for row in [*rows, loop, summary]:
+        rec.add_row(row)
+    rec.write()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every benchmark of benchmarks/README.md at full size, on a QUIET machine (nothing else
-# running: timings on a shared machine are inflated and noisy). Results (JSON lines, PNG,
-# markdown tables) go to $OUT (default benchmarks/results/<device>). Each measurement runs
+# running: timings on a shared machine are inflated and noisy). Rows (stamped with commit,
+# machine, load and command) go to $OUT/<suite>.jsonl (default benchmarks/results, where each
+# suite's rows replace those it measures again; then `python benchmarks/report.py` regenerates
+# the README tables). Each measurement runs
 # in its own process under a memory budget (default min(8 GiB, half the available memory),
 # override with BUDGET_GB=...), so the cohort sweep stops at the largest cohort that fits.
 #
@@ -10,8 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEVICE=$(python -c "import jax; print(jax.devices()[0].device_kind.replace(' ', '_'))")
-OUT=${OUT:-benchmarks/results/$DEVICE}
+OUT=${OUT:-benchmarks/results}
 BUDGET=()
 [ -n "${BUDGET_GB:-}" ] && BUDGET=(--memory-budget-gb "$BUDGET_GB")
 BENCH=(python -m fedjax_sim bench --out "$OUT" "${BUDGET[@]}")

@@ -2,20 +2,20 @@
 # The reduced-size CPU run whose tables are in benchmarks/README.md ("Reduced CPU run"):
 # the same suites as run_all.sh at sizes that finish in ~30-40 min on a 2-core machine
 # shared with other jobs. Every row records the 1-minute load average at measurement time;
-# this file also logs `uptime` before and after each command to $OUT/uptime.log.
+# this file also logs `uptime` before and after each command (stdout).
 #
 #   PYTHONPATH=$PWD nice -n 10 bash benchmarks/run_reduced.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-benchmarks/results/cpu_loaded}
+OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
 BENCH=(python -m fedjax_sim bench --out "$OUT" --memory-budget-gb "${BUDGET_GB:-3}")
-log() { echo "$(date -u +%H:%M:%S) $* | $(uptime)" | tee -a "$OUT/uptime.log"; }
+log() { echo "$(date -u +%H:%M:%S) $* | $(uptime)"; }
 
 # W1 at 100 clients (full W1 = 1000 clients): engine modes vs the per-client jitted loop
 log "start round_throughput M=100"
 python benchmarks/round_throughput.py --clients 100 --map-batch 5 10 \
-  --out "$OUT/round_throughput_M100.jsonl"
+  --out "$OUT/round_throughput.jsonl"
 # kernel table: every registered algorithm, MLP 784-200-200-10, 20 clients x 10 steps x 32
 log "start algorithms"
 "${BENCH[@]}" --suite algorithms --workload W1-100 --clients 20 --repeats 5 --no-flops

@@ -13,7 +13,11 @@ prefetched rows and `StreamStats.overlap`. Histories of the two modes are checke
 
 Usage:
   nice python benchmarks/state_rows.py [--clients 2000] [--cohort 100] [--local 10]
-      [--every 3] [--rounds 12] [--repeats 3] [--out benchmarks/results/state_rows.json]
+      [--every 3] [--rounds 12] [--repeats 3]
+
+One row per configuration (label `C=... cohort=... local=... every=...`; a re-run replaces
+the row of its configuration) in
+benchmarks/results/state_rows.jsonl (`--out` elsewhere).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import numpy as np
 
 from fedjax_sim import EvalSpec
 from fedjax_sim.algorithms import CohortSpec, LocalSpec, scaffold
+from fedjax_sim.bench.results import Recorder
 from fedjax_sim.data.store import ClientStore, Dequantize, HostStore
 from fedjax_sim.models import mlp
 from fedjax_sim.parallel import ClientMap
@@ -43,8 +48,9 @@ def main() -> None:
     p.add_argument("--every", type=int, default=3)
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", help="JSON lines (default benchmarks/results/state_rows.jsonl)")
     a = p.parse_args()
+    rec = Recorder("state_rows", a.out)
 
     rng = np.random.default_rng(0)
     x = np.frombuffer(rng.bytes(a.clients * PER_CLIENT * DIM), np.uint8)
@@ -118,9 +124,8 @@ def main() -> None:
         "overlap": statistics.median(s["overlap"] for s in host_stats),
     }
     print(json.dumps(result, indent=1))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(result, f, indent=1)
+    rec.add(f"C={a.clients} cohort={a.cohort} local={a.local} every={a.every}", **result)
+    rec.write()
 
 
 if __name__ == "__main__":

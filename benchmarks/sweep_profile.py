@@ -5,7 +5,8 @@
 
 Nested events (a `while` contains its body's ops) are listed as they are, so the rows do not
 sum to the total; the dots and fusions inside the local steps are the leaves to read. The
-HLO names are those of `XLA_FLAGS=--xla_dump_to=DIR --xla_dump_hlo_as_text` dumps.
+HLO names are those of `XLA_FLAGS=--xla_dump_to=DIR --xla_dump_hlo_as_text` dumps. Rows (one
+per R: the top ops) go to benchmarks/results/sweep_profile.jsonl (`--out` elsewhere).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import glob
 import gzip
 import json
 import os
+import sys
 import tempfile
 
 os.environ.setdefault("FEDJAX_SIM_AUTOTUNE", "0")  # the static client map: reproducible
@@ -64,11 +66,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", nargs="+", type=int, default=[1, 16])
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--out", help="JSON lines (default benchmarks/results/sweep_profile.jsonl)")
     args = ap.parse_args(argv)
+    from fedjax_sim.bench.results import Recorder
+
+    argv = sys.argv if argv is None else [sys.argv[0], *argv]
+    rec = Recorder("sweep_profile", args.out, argv=argv)
     for r in args.runs:
         print(f"R = {r}: {args.rounds} rounds, top ops (ms total, calls)")
-        for name, ms, n in profile(r, args.rounds, args.top):
+        ops = profile(r, args.rounds, args.top)
+        for name, ms, n in ops:
             print(f"  {ms:9.1f} ms {n:6d}  {name}")
+        top = [{"op": name, "ms": ms, "calls": n} for name, ms, n in ops]
+        rec.add(f"R={r}", runs=r, rounds=args.rounds, top_ops=top)
+        rec.write()
     return 0
 
 

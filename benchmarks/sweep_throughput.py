@@ -16,7 +16,10 @@ Dirichlet 0.5, MLP 64, cohort 10, 10 local steps of batch 16, evaluation every 2
 central + per-client test metrics) for `--rounds` rounds; `W1-100` = the W1 round
 (MLP 784-200-200-10, 10 local steps of batch 32) with 100 clients, full participation.
 
-    nice -n 5 python benchmarks/sweep_throughput.py --out benchmarks/results/sweep_throughput.jsonl
+    nice -n 5 python benchmarks/sweep_throughput.py --groups auto cores --ceiling
+
+Rows (label `<workload> R=<R> <mode>`; a re-run replaces the rows it measures again) go to
+benchmarks/results/sweep_throughput.jsonl (`--out` elsewhere).
 """
 
 from __future__ import annotations
@@ -299,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also time the dominant op alone (matmul_ceiling) and, on digits, the training "
         "alone (training_ceiling)",
     )
-    ap.add_argument("--out", default=None, help="append JSON lines here")
+    ap.add_argument("--out", help="JSON lines (default benchmarks/results/sweep_throughput.jsonl)")
     ap.add_argument("--one", nargs=3, metavar=("WORKLOAD", "R", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
@@ -310,7 +313,10 @@ def main(argv: list[str] | None = None) -> int:
     modes = ["sequential"] + [f"sweep-{g}" for g in args.groups]
     if args.ceiling:
         modes.append("matmul")
-    rows = []
+    from fedjax_sim.bench.results import Recorder
+
+    argv = sys.argv if argv is None else [sys.argv[0], *argv]
+    rec = Recorder("sweep_throughput", args.out, argv=argv, machine=False)
     for w in args.workloads:
         for r in args.runs:
             by_mode = {}
@@ -338,7 +344,6 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
                 row = json.loads(out.stdout.strip().splitlines()[-1])
                 by_mode[mode] = row
-                rows.append(row)
                 if mode == "matmul":
                     print(
                         f"{w:7s} R={r:3d} matmul      peak {row['peak_gflops']:.0f} GFLOP/s; "
@@ -374,9 +379,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"peak RSS {row['peak_rss_gib']:.2f} GiB  load {row['load_avg_1m']:.1f}",
                         flush=True,
                     )
-                if args.out:
-                    with open(args.out, "a") as f:
-                        f.write(json.dumps(row) + "\n")
+                rec.add(f"{w} R={r} {mode}", **row)
+                rec.write()
     return 0
 
 

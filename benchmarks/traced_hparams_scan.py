@@ -3,23 +3,28 @@
 For every algorithm and every numeric keyword it accepts (plus the sweepable run flags
 `client_lr`, `server_lr`, `mu`, mapped by `sweep_cli.grid_kwargs`), builds the sweep's
 `make_algorithm` and traces one run's init and step with that hyper-parameter as a tracer
-(`sweep.abstract_run`, no compilation). Output: benchmarks/results/traced_hparams_scan.txt
+(`sweep.abstract_run`, no compilation). One row per algorithm (`traced_ok`, `refused` with
+the first line of each error) in benchmarks/results/traced_hparams_scan.jsonl (`--out`
+elsewhere).
 
-    PYTHONPATH=$PWD nice -n 10 python benchmarks/traced_hparams_scan.py \
-        > benchmarks/results/traced_hparams_scan.txt
+    PYTHONPATH=$PWD nice -n 10 python benchmarks/traced_hparams_scan.py
 """
 
+import argparse
 import dataclasses
 import inspect
 
 from fedjax_sim import algorithms
+from fedjax_sim.bench.results import Recorder
 from fedjax_sim.config import RunConfig, hyper_parameters
 from fedjax_sim.sweep import abstract_run
 from fedjax_sim.sweep_cli import GRID_FLAGS, build_sweep
 
 STATIC = ("batch_size", "inner_steps", "num_clients", "k", "buffer_size")  # shapes / counts
-cfg0 = RunConfig(num_clients=20, cohort_size=5, local_steps=2)
-for alg in sorted(algorithms.ALGORITHMS):
+
+
+def scan(alg: str, cfg0: RunConfig) -> tuple[list[str], list[str]]:
+    """(hyper-parameters traced, `name (error)` of those refused) of one algorithm."""
     cfg = dataclasses.replace(cfg0, algorithm=alg)
     takes = hyper_parameters(algorithms.ALGORITHMS[alg])
     numeric = [
@@ -39,4 +44,21 @@ for alg in sorted(algorithms.ALGORITHMS):
             ok.append(n)
         except Exception as e:
             bad.append(f"{n} ({type(e).__name__}: {str(e).splitlines()[0][:110]})")
-    print(f"{alg}: traced OK {ok}; REFUSED {bad}", flush=True)
+    return ok, bad
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", help="default benchmarks/results/traced_hparams_scan.jsonl")
+    args = ap.parse_args()
+    rec = Recorder("traced_hparams_scan", args.out)
+    cfg0 = RunConfig(num_clients=20, cohort_size=5, local_steps=2)
+    for alg in sorted(algorithms.ALGORITHMS):
+        ok, bad = scan(alg, cfg0)
+        print(f"{alg}: traced OK {ok}; REFUSED {bad}", flush=True)
+        rec.add(alg, algorithm=alg, traced_ok=ok, refused=bad)
+    rec.write()
+
+
+if __name__ == "__main__":
+    main()

@@ -2,7 +2,7 @@
 
 Beikmohammadi, Khirirat, Magnusson, "On the Convergence of Federated Learning Algorithms
 without Data Similarity" (IEEE Trans. Big Data 2024), Assumption 3 and Algorithm 2; spec
-`../shared/specs/stepsizes_no_similarity.md` (sections 2.4, 2.5, 7.7, 7.10).
+`docs/specs/stepsizes_no_similarity.md` (sections 2.4, 2.5, 7.7, 7.10).
 
 A compressor `Q` maps a flat vector `v [d]` (all layers of a model update concatenated:
 compression is global, not per layer) to `Q(v) [d]` and reports

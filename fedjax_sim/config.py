@@ -273,8 +273,9 @@ def build_run(cfg: RunConfig, mesh=None, explicit: Collection[str] | None = None
     if mesh is not None and jax.process_count() > 1:
         from fedjax_sim import distributed
 
-        train = distributed.local_rows(dataset.train, mesh, cfg.num_clients)
-        dataset = dataset._replace(train=distributed.globalize(train, mesh, cfg.num_clients))
+        train = distributed.local_rows(dataset.train, mesh, cfg.num_clients, rows=True)
+        train = distributed.globalize(train, mesh, cfg.num_clients, rows=True)
+        dataset = dataset._replace(train=train)
     model_kwargs: dict[str, object] = {"l2": cfg.l2}
     if cfg.model == "mlp":
         model_kwargs["hidden"] = cfg.hidden

@@ -1,6 +1,6 @@
 """Paper-table metrics: pooled accuracy over clients, rounds to a target, speed-up.
 
-As reported by Buttaci & Calafiore (FedLPS; spec ../shared/specs/fedlps_local_perturbation.md,
+As reported by Buttaci & Calafiore (FedLPS; spec docs/specs/fedlps_local_perturbation.md,
 section 4): (i) test accuracy `sum_i (N_i / N) acc_i(w)` over the unseen test clients, which is
 the pooled accuracy over all their examples; (ii) rounds to converge, the first round t
 (counted after aggregation, round 1 = after the first) with accuracy `>= c`; (iii) speed-up

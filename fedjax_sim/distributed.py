@@ -1,20 +1,26 @@
 """Multi-device and multi-process runs with JAX's own SPMD machinery (no RPC, no Ray).
 
 - One host, many devices: `mesh = client_mesh()` and `ClientMap(mesh=mesh)` shard every
-  cohort over the `"clients"` axis; `simulate(..., mesh=mesh)` places per-client arrays
-  (data rows, per-client algorithm state `[C, ...]`) sharded by client and everything else
-  replicated.
+  cohort over the `"clients"` axis; `simulate(..., mesh=mesh)` places the per-client arrays
+  (`place_run`: the data's rows and the state leaves `Algorithm.rows` declares) sharded by
+  client and everything else replicated.
 - Many processes / hosts: call `initialize(...)` first in every process (coordinator
   address, process count and id from arguments or the `FEDJAX_SIM_*` environment; with the
   coordinator "auto", JAX auto-detects SLURM, Open MPI and Cloud TPU pods). The mesh then
-  spans the devices of all processes; `local_rows(data, mesh)` keeps only this process's clients and
-  `globalize(local, mesh, num_clients)` assembles global arrays from them.
+  spans the devices of all processes; `local_rows(data, mesh, C, rows=True)` keeps only this
+  process's clients and `globalize(local, mesh, C, rows=True)` assembles global arrays from
+  them.
+
+Which leaves are per-client is always declared (`rows`: a bool, or a tree of bools that is a
+prefix of the tree, such as `Algorithm.rows(state)`), never read off a shape: a model
+parameter whose first dimension happens to equal C stays replicated.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -22,6 +28,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from fedjax_sim.parallel import CLIENT_AXIS
+
+if TYPE_CHECKING:
+    from fedjax_sim.algorithms.core import Algorithm
+    from fedjax_sim.data.federated import FederatedData
 
 ENV = {
     "coordinator_address": "FEDJAX_SIM_COORDINATOR",
@@ -83,26 +93,46 @@ def is_main_process() -> bool:
     return jax.process_index() == 0
 
 
-def _client_spec(x: Any, mesh: Mesh, num_clients: int, axis: str) -> NamedSharding:
+def _by_rows(fn: Callable[[Any, bool], Any], tree: Any, rows: Any) -> Any:
+    """`fn(leaf, per_client)` for every leaf of `tree`, `per_client` read from `rows` (a bool,
+    or a tree of bools that is a prefix of `tree`)."""
+    return jax.tree.map(lambda r, sub: jax.tree.map(lambda x: fn(x, bool(r)), sub), rows, tree)
+
+
+def _check_row(x: Any, num_clients: int) -> None:
+    if np.shape(x)[:1] != (num_clients,):
+        raise ValueError(
+            f"a leaf declared per-client has shape {np.shape(x)}, not [{num_clients}, ...]"
+        )
+
+
+def place(tree: Any, mesh: Mesh, num_clients: int, *, rows: Any, axis: str = CLIENT_AXIS) -> Any:
+    """Puts the leaves `rows` declares per-client (`[num_clients, ...]`; a bool or a tree of
+    bools that is a prefix of `tree`) sharded over `axis` when the shards divide
+    `num_clients`, and every other leaf replicated. Leaves that are already global
+    multi-process arrays are kept. Placement never changes results, only where data lives."""
     shards = mesh.shape[axis]
-    rows = np.shape(x)[0] if np.ndim(x) else None
-    if rows == num_clients and num_clients % shards == 0:
-        return NamedSharding(mesh, P(axis))
-    return NamedSharding(mesh, P())
 
-
-def place(tree: Any, mesh: Mesh, num_clients: int, axis: str = CLIENT_AXIS) -> Any:
-    """Puts per-client leaves (leading dimension `num_clients`, divisible by the number of
-    shards) sharded over `axis` and every other leaf replicated. Leaves that are already
-    global multi-process arrays are kept. Placement never changes results, only where data
-    lives."""
-
-    def put(x):
+    def put(x: Any, per_client: bool) -> Any:
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
             return x
-        return jax.device_put(x, _client_spec(x, mesh, num_clients, axis))
+        if per_client:
+            _check_row(x, num_clients)
+        sharded = per_client and num_clients % shards == 0
+        return jax.device_put(x, NamedSharding(mesh, P(axis) if sharded else P()))
 
-    return jax.tree.map(put, tree)
+    return _by_rows(put, tree, rows)
+
+
+def place_run(
+    algorithm: Algorithm, state: Any, data: FederatedData, mesh: Mesh, axis: str = CLIENT_AXIS
+) -> tuple[Any, FederatedData]:
+    """`(state, data)` of a sharded run: every data array (a `FederatedData` holds `[C, ...]`
+    arrays only) and the state rows `algorithm.rows(state)` declares sharded over `axis`;
+    the rest of the state (an algorithm that declares no rows: all of it) replicated."""
+    c = data.num_clients
+    rows = False if algorithm.rows is None else algorithm.rows(state)
+    return place(state, mesh, c, rows=rows, axis=axis), place(data, mesh, c, rows=True, axis=axis)
 
 
 def process_rows(num_clients: int, mesh: Mesh, axis: str = CLIENT_AXIS) -> tuple[int, int]:
@@ -122,28 +152,38 @@ def process_rows(num_clients: int, mesh: Mesh, axis: str = CLIENT_AXIS) -> tuple
     return start, stop
 
 
-def local_rows(tree: Any, mesh: Mesh, num_clients: int, axis: str = CLIENT_AXIS) -> Any:
-    """This process's rows of every per-client leaf (others unchanged)."""
-    start, stop = process_rows(num_clients, mesh, axis)
-    return jax.tree.map(
-        lambda x: x[start:stop] if np.ndim(x) and np.shape(x)[0] == num_clients else x, tree
-    )
-
-
-def globalize(local: Any, mesh: Mesh, num_clients: int, axis: str = CLIENT_AXIS) -> Any:
-    """Global arrays from each process's rows: leaves with this process's row count become
-    `[num_clients, ...]` arrays sharded over `axis`; other leaves are replicated (every
-    process must pass the same values for them)."""
+def local_rows(
+    tree: Any, mesh: Mesh, num_clients: int, *, rows: Any, axis: str = CLIENT_AXIS
+) -> Any:
+    """This process's rows of every leaf `rows` declares per-client (others unchanged)."""
     start, stop = process_rows(num_clients, mesh, axis)
 
-    def make(x):
+    def take(x: Any, per_client: bool) -> Any:
+        if not per_client:
+            return x
+        _check_row(x, num_clients)
+        return x[start:stop]
+
+    return _by_rows(take, tree, rows)
+
+
+def globalize(
+    local: Any, mesh: Mesh, num_clients: int, *, rows: Any, axis: str = CLIENT_AXIS
+) -> Any:
+    """Global arrays from each process's rows: the leaves `rows` declares per-client (this
+    process's rows of them) become `[num_clients, ...]` arrays sharded over `axis`; other
+    leaves are replicated (every process must pass the same values for them)."""
+    start, stop = process_rows(num_clients, mesh, axis)
+
+    def make(x: Any, per_client: bool) -> jax.Array:
         x = np.asarray(x)
-        if x.ndim and x.shape[0] == stop - start:
-            sharding = NamedSharding(mesh, P(axis))
-            return jax.make_array_from_process_local_data(sharding, x, (num_clients, *x.shape[1:]))
-        return jax.make_array_from_process_local_data(NamedSharding(mesh, P()), x, x.shape)
+        if not per_client:
+            return jax.make_array_from_process_local_data(NamedSharding(mesh, P()), x, x.shape)
+        _check_row(x, stop - start)
+        sharding = NamedSharding(mesh, P(axis))
+        return jax.make_array_from_process_local_data(sharding, x, (num_clients, *x.shape[1:]))
 
-    return jax.tree.map(make, local)
+    return _by_rows(make, local, rows)
 
 
 def fetch(tree: Any) -> Any:

@@ -3,7 +3,7 @@ average summaries, the CVaR and KL objective values, and worst-vs-average plots.
 
 A "group" is a client (per-client train or test split: the FGDRO objective's `l_i`) or a
 label class of the central test set (the worst-class accuracy used for the imbalanced
-CIFAR-10 protocol, spec `../shared/specs/fgdro.md` section 7.13). Use with `simulate`::
+CIFAR-10 protocol, spec `docs/specs/fgdro.md` section 7.13). Use with `simulate`::
 
     extra = dro_evaluator(model, groups="train", k=2, temperature=1.0)
     evaluation = EvalSpec(every=10, extra=extra)

@@ -10,7 +10,7 @@ Synchronous cohorts (`sample_cohort`):
   buffer so shapes stay static.
 
 Asynchronous event engine (`Events`), shared by every asynchronous algorithm (AREA, AS-FedAvg,
-FedBuff, MIFA, FedAsync; spec `../shared/specs/area_async.md`, Section 3). One *iteration* is
+FedBuff, MIFA, FedAsync; spec `docs/specs/area_async.md`, Section 3). One *iteration* is
 one pure transition; a run is a `lax.scan` over iterations:
 
     events = Events(Arrivals.poisson(rates), Aggregation.every(4))

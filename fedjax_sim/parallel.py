@@ -2,8 +2,9 @@
 
 - `vmap`: one batched computation over all cohort clients. Fastest on GPU/TPU for small models.
 - `map`: `lax.scan` over chunks of `batch_size` clients, each chunk vmapped. Bounds memory to
-  `batch_size` model copies and is faster on CPU (see `../shared/notes/measured_facts.md`:
-  vmap over 1000 MLP clients streams 1000 parameter copies through memory every step).
+  `batch_size` model copies and is faster on CPU (measured on 2 CPU cores, a FedAvg round
+  of 1000 MLP 784-200-200-10 clients: vmap 9.5 s and 3.8 GB peak RSS, `map(batch_size=5)`
+  4.8 s; vmap streams 1000 parameter copies through memory every step).
 - `auto` (default): measured. The first time a per-client function of a given structure and
   cohort size is mapped on a backend, `fedjax_sim.autotune` times `map` with chunks of 1, 4,
   16 and `vmap` and caches the fastest on disk (keyed by the structure and shapes of the
@@ -52,7 +53,7 @@ MapMode = Literal["auto", "vmap", "map"]
 CPU_DEFAULT_BATCH = 8
 # target working set of one chunk of clients on CPU: about half the last-level cache of the
 # machines measured here (32 MiB L3); W1's MLP clients (~2.6 MB each) then run 6 at a time,
-# next to the measured optimum map(batch_size=5) (see `../shared/notes/measured_facts.md`)
+# next to the measured optimum map(batch_size=5) (see the module docstring)
 CPU_CHUNK_BYTES = 16 * 2**20
 CLIENT_AXIS = "clients"
 

@@ -8,7 +8,7 @@ weight_decay, scale=)` turns a float or a schedule into the foundation's
 
 Beikmohammadi, Khirirat, Magnusson, "On the Convergence of Federated Learning Algorithms
 without Data Similarity" (IEEE Trans. Big Data 2024); spec
-`../shared/specs/stepsizes_no_similarity.md` (sections 3 and 6, resolutions 7.4 and 7.8).
+`docs/specs/stepsizes_no_similarity.md` (sections 3 and 6, resolutions 7.4 and 7.8).
 
 A schedule is an optax schedule: `schedule(count) -> s_count` for the 0-indexed round
 counter (a traced int32 is fine). It is usable for every algorithm:

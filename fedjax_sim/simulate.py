@@ -269,10 +269,9 @@ def simulate(
         params = model.init(jax.random.fold_in(key, INIT_PURPOSE))
     state = algorithm.init(params, key)
     if mesh is not None:
-        data = distributed.place(data, mesh, data.num_clients)
-        state = distributed.place(state, mesh, data.num_clients)
-        if test is not None:
-            test = distributed.place(test, mesh, data.num_clients)
+        state, data = distributed.place_run(algorithm, state, data, mesh)
+        if test is not None:  # the central test set: no per-client rows
+            test = distributed.place(test, mesh, data.num_clients, rows=False)
     writer = distributed.is_main_process()
     history = History(meta=dict(meta or {}))
     start = 0

@@ -2,6 +2,8 @@
 
 python tests/distributed_worker.py sharded OUT.npz
     4 virtual devices: sharded vs unsharded runs of the same algorithms.
+python tests/distributed_worker.py placement OUT.npz
+    2 virtual devices: the shardings `place_run` gives a SCAFFOLD state and its data.
 python tests/distributed_worker.py process PID NPROC PORT OUT.npz
     one process of a multi-process run (2 virtual devices per process, gloo collectives).
 """
@@ -54,8 +56,7 @@ def run(alg, data, rounds=ROUNDS, mesh=None):
     key = jax.random.key(0)
     state = alg.init({"w": jnp.ones(3)}, key)
     if mesh is not None:
-        data = distributed.place(data, mesh, data.num_clients)
-        state = distributed.place(state, mesh, data.num_clients)
+        state, data = distributed.place_run(alg, state, data, mesh)
     step = jax.jit(alg.step)
     for r in range(rounds):
         state, _ = step(state, data, jax.random.fold_in(key, r))
@@ -215,11 +216,52 @@ def sharded(out):
     np.savez(out, **results)
 
 
+def placement(out):
+    """A linear model on 16 features for 16 clients: its parameter `w` `[16]` has C rows by
+    shape only and must be replicated, while SCAFFOLD's control variates `[C, 16]` and the data
+    are sharded. Also the final model of 3 rounds on the placed state vs on one device."""
+    mesh = client_mesh(2)
+    data = least_squares(num_clients=16, examples_per_client=np.arange(3, 19), dim=16, seed=2).data
+    key = jax.random.key(0)
+
+    def make(client_map):
+        return scaffold(
+            linear_regression(16).loss,
+            num_clients=16,
+            client_optimizer=0.05,
+            local=LocalSpec(steps=2, batch_size=4),
+            cohort=CohortSpec(size=6),
+            client_map=client_map,
+        )
+
+    runs = {}
+    for label, cmap in (("plain", ClientMap("vmap")), ("sharded", ClientMap("vmap", mesh=mesh))):
+        alg = make(cmap)
+        state, run_data = alg.init({"w": jnp.ones(16)}, key), data
+        if label == "sharded":
+            state, run_data = distributed.place_run(alg, state, data, mesh)
+            leaves = {
+                "params": state.params["w"],
+                "control_variates": state.rows["control_variates"]["w"],
+                "server_control": state.hooks["control_variates"]["w"],
+                "data_x": run_data.x,
+                "data_counts": run_data.counts,
+            }
+            specs = {f"spec/{k}": np.asarray(str(v.sharding.spec)) for k, v in leaves.items()}
+        step = jax.jit(alg.step)
+        for r in range(3):
+            state, _ = step(state, run_data, jax.random.fold_in(key, r))
+        runs[f"w/{label}"] = np.asarray(state.params["w"])
+    np.savez(out, **specs, **runs)
+
+
 def process(pid, nproc, port, out):
     distributed.initialize(f"localhost:{port}", nproc, pid)
     mesh = client_mesh()  # every device of every process
     full = problem().data
-    data = distributed.globalize(distributed.local_rows(full, mesh, 16), mesh, 16)
+    data = distributed.globalize(
+        distributed.local_rows(full, mesh, 16, rows=True), mesh, 16, rows=True
+    )
     model = linear_regression(3)
     alg = algorithms(ClientMap("vmap", mesh=mesh), CohortSpec(size=10))["fedprox"]
     hist = simulate(
@@ -234,7 +276,7 @@ def process(pid, nproc, port, out):
         mesh=mesh,
     )
     state = alg.init({"w": jnp.ones(3)}, jax.random.key(0))
-    state = distributed.place(state, mesh, 16)
+    state = distributed.place(state, mesh, 16, rows=alg.rows(state))
     step = jax.jit(alg.step)
     for _ in range(ROUNDS):
         state, _ = step(state, data, jax.random.key(0))
@@ -252,5 +294,7 @@ def process(pid, nproc, port, out):
 if __name__ == "__main__":
     if mode == "sharded":
         sharded(sys.argv[2])
+    elif mode == "placement":
+        placement(sys.argv[2])
     else:
         process(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])

@@ -9,11 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
+from fedjax_sim import distributed
 from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedprox
 from fedjax_sim.data import least_squares
 from fedjax_sim.models import linear_regression
-from fedjax_sim.parallel import ClientMap
+from fedjax_sim.parallel import ClientMap, client_mesh
 
 WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
 CASES = [
@@ -88,6 +90,40 @@ def test_sweep_with_runs_sharded_equals_one_device(sharded_results):
     # a sharded sweep interrupted at round 3 and resumed is the uninterrupted sharded sweep
     np.testing.assert_array_equal(r["sweep/resumed/w"], shard)
     np.testing.assert_array_equal(r["sweep/resumed/train_loss"], r["sweep/sharded/train_loss"])
+
+
+def test_placement_shards_declared_rows_only(tmp_path):
+    """2 devices, 16 clients: the model parameter `w` `[16]` (first dimension C by chance) is
+    replicated; SCAFFOLD's control variates `[C, 16]` (declared by `Algorithm.rows`) and the
+    data rows are sharded over the clients axis; the run equals the one-device run."""
+    out = str(tmp_path / "placement.npz")
+    proc = subprocess.run(
+        [sys.executable, WORKER, "placement", out],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=ENV,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = np.load(out)
+    replicated, by_client = str(P()), str(P("clients"))
+    assert str(r["spec/params"]) == replicated
+    assert str(r["spec/server_control"]) == replicated
+    for name in ("control_variates", "data_x", "data_counts"):
+        assert str(r[f"spec/{name}"]) == by_client, name
+    assert np.abs(r["w/plain"] - 1.0).max() > 1e-3  # the runs moved the model
+    np.testing.assert_allclose(r["w/sharded"], r["w/plain"], rtol=1e-6, atol=1e-6)
+
+
+def test_declared_rows_must_be_per_client():
+    """A leaf declared per-client must have C rows; undeclared leaves are never sharded."""
+    mesh = client_mesh(1)
+    placed = distributed.place({"w": jnp.ones((4, 3))}, mesh, 4, rows=False)
+    assert placed["w"].sharding.spec == P()
+    placed = distributed.place({"w": jnp.ones((4, 3))}, mesh, 4, rows={"w": True})
+    assert placed["w"].sharding.spec == P("clients")
+    with pytest.raises(ValueError, match=r"declared per-client has shape \(3,\), not \[4"):
+        distributed.place({"w": jnp.ones(3)}, mesh, 4, rows=True)
 
 
 def _free_port():

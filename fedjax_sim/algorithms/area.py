@@ -1,7 +1,7 @@
 """AREA: Asynchronous Exact Averaging (Algorithms 1 and 2).
 
 Iakovidou and Kim, "Asynchronous Federated Stochastic Optimization for Heterogeneous
-Objectives Under Arbitrary Delays". Spec: `../shared/specs/area_async.md` (Sections 2.1-2.4,
+Objectives Under Arbitrary Delays". Spec: `docs/specs/area_async.md` (Sections 2.1-2.4,
 3.3).
 
 Server: x_s, u_s (u_s = 0 initially). Client i keeps y_i, the last model it sent. At an event

@@ -2,7 +2,7 @@
 event engine (`fedjax_sim.events`), composed into an `Algorithm` whose `step` is one event
 iteration. Presets: AREA (`area`), AS-FedAvg, FedBuff, FedAsync (`fedbuff`), MIFA (`mifa`);
 S-FedAvg (`sfedavg`) is a synchronous `compose` preset with the engine's clocks. Spec:
-`../shared/specs/area_async.md`.
+`docs/specs/area_async.md`.
 
     work = ClientWork(loss_fn, client_optimizer=0.05, local=LocalSpec(steps=2))
     algorithm = compose_async(work, buffered(staleness_weight("sqrt"), 1.0, mean=True),

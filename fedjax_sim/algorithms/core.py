@@ -48,7 +48,8 @@ class Algorithm(NamedTuple):
     `rows` (optional): maps a state to the same tree with True at its per-client row
     leaves `[C, ...]` and False elsewhere (built with `row_mask`);
     `simulate_streamed(state_rows="host")` keeps those leaves on the host and sends the
-    device only the rows a chunk touches."""
+    device only the rows a chunk touches; `simulate(mesh=...)` shards them over the clients
+    axis (without `rows`, the whole state is replicated)."""
 
     init: Callable[[Params, PRNGKey], State]
     step: Callable[[State, FederatedData, PRNGKey], tuple[State, Metrics]]

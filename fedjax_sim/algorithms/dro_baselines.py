@@ -1,7 +1,7 @@
 """The federated DRO baselines of the FGDRO paper, DRFA and (federated) DR-DSGD, as presets
 of the composable layer (`compose`).
 
-Spec: `../shared/specs/fgdro.md` section 2.5 (the FGDRO paper gives no baseline details; the
+Spec: `docs/specs/fgdro.md` section 2.5 (the FGDRO paper gives no baseline details; the
 spec fixes them).
 
 DRFA: Deng, Kamani, Mahdavi, "Distributionally Robust Federated Averaging" (NeurIPS 2020).

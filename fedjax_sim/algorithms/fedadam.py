@@ -1,5 +1,5 @@
 """FedAdam as in Reddi et al., "Adaptive Federated Optimization" (ICLR 2021), Algorithm 2,
-and as the FedMIM paper's baseline (`../shared/specs/fedmim.md` section 2.4): clients as in
+and as the FedMIM paper's baseline (`docs/specs/fedmim.md` section 2.4): clients as in
 FedAvg; the server runs Adam on the mean client update Delta_t WITHOUT bias correction,
 
     m <- b1 m + (1 - b1) Delta_t;   v <- b2 v + (1 - b2) Delta_t^2

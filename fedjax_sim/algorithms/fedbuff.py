@@ -11,7 +11,7 @@
 - FedAsync (Xie et al. 2019): each arrival is mixed in at once,
   x_s <- (1 - beta s(tau)) x_s + beta s(tau) x_i (needs aggregation every delivery).
 
-Spec: `../shared/specs/area_async.md` Section 2.5 (standard definitions, not from the AREA
+Spec: `docs/specs/area_async.md` Section 2.5 (standard definitions, not from the AREA
 paper) in the pending-computation event model: client i holds r_i, the server model it last
 read, and delivers Delta_i = x_i - r_i with x_i = LU_i(r_i) (K local steps); tau_i is the
 staleness of the delivered work in server versions. `server_optimizer` is eta_g (1 in the

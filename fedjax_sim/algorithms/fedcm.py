@@ -1,6 +1,6 @@
 """FedCM and MoFedSAM: client-level momentum (Xu et al., "FedCM: Federated Learning with
 Client-level Momentum", 2021) and its SAM version (Qu et al., ICML 2022). Baselines of the
-FedMIM paper; rules of `../shared/specs/fedmim.md` section 2.4, as presets of the
+FedMIM paper; rules of `docs/specs/fedmim.md` section 2.4, as presets of the
 `client_momentum(m)` hook (and `sam(rho)` first in the chain for MoFedSAM):
 
     local (K steps from x_t):  x <- x - eta_l(t) ((1 - m) g_i(x) + m D_t)

@@ -1,6 +1,6 @@
 """FedDyn: Acar et al., "Federated Learning Based on Dynamic Regularization" (ICLR 2021).
 Baseline of the FedMIM paper (its "prox-weight" a = 0.1); update rules of
-`../shared/specs/fedmim.md` section 2.4, as the preset `dynamic_regularizer(a)` hook:
+`docs/specs/fedmim.md` section 2.4, as the preset `dynamic_regularizer(a)` hook:
 
     local (K steps from theta = x_t):  theta <- theta - eta_l (g_i(theta) - h_i + a (theta - x_t))
     h_i <- h_i - a (theta_K - x_t)                                    (i in S_t only)

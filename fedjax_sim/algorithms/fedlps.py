@@ -2,7 +2,7 @@
 
 Buttaci & Calafiore, "Aiding Global Convergence in Federated Learning via Local Perturbation
 and Mutual Similarity Information" (the paper names the method "Ours"; FedLPS is the
-project's name). Spec: ../shared/specs/fedlps_local_perturbation.md.
+project's name). Spec: docs/specs/fedlps_local_perturbation.md.
 
 Round t (all clients of the cohort S_t in parallel, per-client state stacked `[C, ...]`):
 

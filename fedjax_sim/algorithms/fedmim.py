@@ -1,6 +1,6 @@
 """FedMIM: Liu, Sun, Ding, Shen, Liu, Tao, "Enhance Local Consistency in Federated Learning:
-A Multi-Step Inertial Momentum Approach" (paper `../shared/papers/001_2c5ce8b390de0188.txt`),
-exactly Algorithm 1 as resolved in `../shared/specs/fedmim.md` (sections 2.1-2.3).
+A Multi-Step Inertial Momentum Approach", exactly Algorithm 1 as resolved in
+`docs/specs/fedmim.md` (sections 2.1-2.3).
 
 Weights alpha_0..alpha_{J-1} >= 0 (sum < 1; `momentum` here) and beta_0..beta_{J-1} >= 0
 (`lookahead` here), index j = 0 the MOST RECENT increment (the paper's Table III is 1-based:

@@ -1,5 +1,5 @@
 """FedSAM: Qu et al., "Generalized Federated Learning via Sharpness Aware Minimization"
-(ICML 2022). Baseline of the FedMIM paper; rules of `../shared/specs/fedmim.md` section 2.4.
+(ICML 2022). Baseline of the FedMIM paper; rules of `docs/specs/fedmim.md` section 2.4.
 Every local step is a SAM step on its minibatch xi (the `sam(rho)` hook):
 
     g = grad f_i(x; xi);  e = rho g / ||g||;  g~ = grad f_i(x + e; xi);  x <- x - eta_l g~

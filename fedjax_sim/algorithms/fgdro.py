@@ -2,7 +2,7 @@
 composable layer (`compose`).
 
 Guo & Yang, "Communication-Efficient Federated Group Distributionally Robust Optimization"
-(NeurIPS 2024), Algorithms 1-4. Spec: `../shared/specs/fgdro.md` (sections 2.1-2.4, 2.6, 7).
+(NeurIPS 2024), Algorithms 1-4. Spec: `docs/specs/fgdro.md` (sections 2.1-2.4, 2.6, 7).
 
 Objective over the N clients (uniform weights), `l_i(w)` = client i's expected loss:
 - CVaR: `min_{w,s} (1/N) sum_i (l_i(w) - s)_+ + (K/N) s` = (K/N) x mean of the K largest l_i.

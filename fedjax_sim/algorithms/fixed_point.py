@@ -3,7 +3,7 @@ their error-feedback versions EF-FedAvg / EF-FedProx (Algorithm 2), with step-si
 
 Beikmohammadi, Khirirat, Magnusson, "On the Convergence of Federated Learning Algorithms
 without Data Similarity" (IEEE Trans. Big Data 2024); spec
-`../shared/specs/stepsizes_no_similarity.md`.
+`docs/specs/stepsizes_no_similarity.md`.
 
 Round k with schedule value `s_k` (`fedjax_sim.schedules`): every client applies a local
 operator from the broadcast model, `x_i^k = T_{s_k F_i}^T(x^k)`, and the server averages,

@@ -1,7 +1,7 @@
 """MIFA: Memory-augmented Impatient Federated Averaging, asynchronous form.
 
 Gu et al., "Fast Federated Learning in the Presence of Arbitrary Device Unavailability"
-(NeurIPS 2021). Spec: `../shared/specs/area_async.md` Section 2.5 (its event-model form). A
+(NeurIPS 2021). Spec: `docs/specs/area_async.md` Section 2.5 (its event-model form). A
 preset of `asynchronous.compose_async` with the rule `memory`.
 
 The server keeps a memory G_i of the latest update of every client (initialised to 0). At an

@@ -1,6 +1,6 @@
 """SCAFFOLD, option II: Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for
 Federated Learning" (ICML 2020). Baseline of the FedMIM paper; update rules of
-`../shared/specs/fedmim.md` section 2.4, as the preset `control_variates()` hook:
+`docs/specs/fedmim.md` section 2.4, as the preset `control_variates()` hook:
 
     local (K_i steps from y = x_t):  y <- y - eta_l (g_i(y) - c_i + c)
     c_i+ = c_i - c + (x_t - y_K) / (K_i eta_l)                       (option II)

@@ -1,7 +1,7 @@
 """S-FedAvg: synchronous FedAvg with simulated wall-clock time (the AREA paper's reference).
 
 McMahan et al. (AISTATS 2017), as used by Iakovidou and Kim. Spec:
-`../shared/specs/area_async.md` Sections 2.5 and 7.4.
+`docs/specs/area_async.md` Sections 2.5 and 7.4.
 
 Each round samples cohort_size clients uniformly without replacement (`cohort_size=None`:
 all n), each runs LU_i(x_s; alpha, K), and the server waits for all of them:

@@ -1,7 +1,7 @@
 """The one-off similarity graph of FedLPS: client messages and graph weights.
 
 Buttaci & Calafiore, "Aiding Global Convergence in Federated Learning via Local Perturbation
-and Mutual Similarity Information" (spec: ../shared/specs/fedlps_local_perturbation.md,
+and Mutual Similarity Information" (spec: docs/specs/fedlps_local_perturbation.md,
 section 2.2 and resolutions A4, A5).
 
 Before round 0 every client sends one unit-norm *message* `m_i`, the first principal

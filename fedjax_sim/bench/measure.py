@@ -44,10 +44,32 @@ def machine_info() -> dict[str, Any]:
         "jaxlib": getattr(jax.lib, "__version__", None) or _jaxlib_version(),
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "memory_gib": memory_gib(),
         "load_avg_1m": round(load[0], 2),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
+
+
+def cpu_model() -> str:
+    """The CPU's model name (`/proc/cpuinfo`; `platform.processor()` elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def memory_gib() -> float | None:
+    """Physical memory in GiB (None where `sysconf` does not say)."""
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _jaxlib_version() -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 
@@ -20,11 +19,29 @@ def _gib(b: Any) -> str:
     return "–" if not b else f"{b / 2**30:.2f}"
 
 
+STAMPS = {"kind", "suite", "label", "time", "commit", "machine", "load", "command", "isolated"}
+
+
+def _value(v: Any) -> str:
+    """A summary field: numbers rounded, dicts as `key value; ...`, lists joined."""
+    if isinstance(v, dict):
+        return "; ".join(f"{k} {_value(x)}" for k, x in v.items()) or "none"
+    if isinstance(v, list):
+        return ", ".join(_value(x) for x in v) or "none"
+    return "none" if v is None else _fmt(v)
+
+
+def summary_text(row: dict[str, Any]) -> str:
+    """A summary row's own fields as `name: value, ...` (not its stamps)."""
+    body = {k: v for k, v in row.items() if k not in STAMPS}
+    return ", ".join(f"{k.replace('_', ' ')}: {_value(v)}" for k, v in body.items())
+
+
 def one_line(row: dict[str, Any]) -> str:
     if row["kind"] == "skipped":
         return f"[{row['suite']}] {row['label']}: skipped ({row['reason']})"
     if row["kind"] == "summary":
-        return f"[{row['suite']}] {json.dumps(row)}"
+        return f"[{row['suite']}] {row['label']}: {summary_text(row)}"
     roof = row.get("roofline_ratio")
     return (
         f"[{row['suite']}] {row['label']}: {row['round_s_median']:.4g} s/round "
@@ -75,8 +92,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             lines.append(f"- skipped {r['label']}: {r['reason']}")
     for r in rows:
         if r["kind"] == "summary":
-            body = {k: v for k, v in r.items() if k not in ("kind", "suite", "time", "machine")}
-            lines.append(f"- summary: {json.dumps(body)}")
+            lines.append(f"- {r['label']}: {summary_text(r)}")
     if measured:
         m = measured[0]["machine"]
         peak = measured[0]["peak_flops_per_s"] / 1e9

@@ -27,7 +27,7 @@ import fedjax_sim
 from fedjax_sim import algorithms, distributed
 from fedjax_sim.bench import measure, plots, report, runner, worker
 from fedjax_sim.bench.config import SUITES, BenchConfig
-from fedjax_sim.bench.results import validate_row, write_rows
+from fedjax_sim.bench.results import finish, replace_rows, stamp, validate_row
 from fedjax_sim.bench.workloads import (
     Workload,
     abstract_data,
@@ -201,7 +201,7 @@ class Session:
         if est:
             row["estimated_bytes"] = est
         row["isolated"] = cfg.isolate
-        validate_row(row)
+        validate_row(row, stamped=False)
         self.log(report.one_line(row))
         return row
 
@@ -319,7 +319,7 @@ def _sweep(s: Session, suite: str, points: list[Point], *, scale: Callable) -> l
         if stop is not None:
             row = runner.skipped_row(suite, label, w, f"not run: {stop}")
             row["isolated"] = s.cfg.isolate
-            validate_row(row)
+            validate_row(row, stamped=False)
             s.log(report.one_line(row))
             rows.append(row)
             continue
@@ -453,12 +453,15 @@ assert tuple(SUITE_FNS) == SUITES
 
 def _summary(row: dict[str, Any]) -> dict[str, Any]:
     row.update(time=measure.now(), machine=measure.machine_info())
-    validate_row(row)
+    validate_row(row, stamped=False)
     return row
 
 
 def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str, list[dict]]:
-    """Runs the configured suites; writes `<out>/<suite>.jsonl`, `.md` and `.png`."""
+    """Runs the configured suites; writes `<out>/<suite>.jsonl` (rows stamped with commit,
+    machine, load and command; a re-run replaces the rows of the labels it measures again),
+    `.md` and `.png`."""
+    stamped = stamp()
     session = Session(cfg, log)
     log(
         f"fedjax-sim bench: suites {', '.join(cfg.suite)}; memory budget "
@@ -466,9 +469,9 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str, list[
     )
     results = {}
     for name in cfg.suite:
-        rows = SUITE_FNS[name](session)
+        rows = finish(SUITE_FNS[name](session), stamped)
         results[name] = rows
-        write_rows(os.path.join(cfg.out, f"{name}.jsonl"), rows)
+        replace_rows(os.path.join(cfg.out, f"{name}.jsonl"), rows)
         table = report.markdown(rows)
         with open(os.path.join(cfg.out, f"{name}.md"), "w") as f:
             f.write(table + "\n")

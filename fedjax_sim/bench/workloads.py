@@ -327,7 +327,7 @@ def build(w: Workload, seed: int = 0) -> Built:
     key = jax.random.key(seed)
     state = alg.init(model.init(key), key)
     if w.devices > 1:  # per-client data and state live sharded, as in a real sharded run
-        data, state = distributed.place((data, state), client_mesh(w.devices), w.clients)
+        state, data = distributed.place_run(alg, state, data, client_mesh(w.devices))
     return Built(model, data, alg, state, key)
 
 

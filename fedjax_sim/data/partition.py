@@ -176,7 +176,7 @@ def partition(
 
 # ==============================================================================================
 # Beikmohammadi, Khirirat, Magnusson (IEEE Trans. Big Data 2024) partitions (issue 6; spec
-# ../shared/specs/stepsizes_no_similarity.md section 4): IID shards, Non-IID2, Non-IID1.
+# docs/specs/stepsizes_no_similarity.md section 4): IID shards, Non-IID2, Non-IID1.
 # Each client is one class index, so these need num_clients == number of classes (10 in the
 # paper) except `iid_shards`. Apply the same partitioner to the train and the test labels to
 # get the paper's per-client test shards.
@@ -241,7 +241,7 @@ PARTITIONERS.update(
 
 
 # ------------------------------------------------------------------------------ group DRO (issue 7)
-# Partitioners for federated group DRO (spec ../shared/specs/fgdro.md, sections 4 and 7.13).
+# Partitioners for federated group DRO (spec docs/specs/fgdro.md, sections 4 and 7.13).
 
 
 def natural_groups(
@@ -299,7 +299,7 @@ PARTITIONERS["imbalanced_dirichlet"] = imbalanced_dirichlet
 
 # ==============================================================================================
 # Hsu et al. (2019) class mix x log-normal client sizes, as used by the FedLPS paper
-# (Buttaci & Calafiore; spec ../shared/specs/fedlps_local_perturbation.md, section 4 and A7).
+# (Buttaci & Calafiore; spec docs/specs/fedlps_local_perturbation.md, section 4 and A7).
 # ==============================================================================================
 def lognormal_sizes(
     num_examples: int, num_clients: int, sigma: float, seed: Seed = 0

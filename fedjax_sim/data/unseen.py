@@ -1,6 +1,6 @@
 """Federated data with *unseen* test clients (the FedLPS paper's evaluation protocol).
 
-Buttaci & Calafiore (spec ../shared/specs/fedlps_local_perturbation.md, section 4): a pool is
+Buttaci & Calafiore (spec docs/specs/fedlps_local_perturbation.md, section 4): a pool is
 split ~80:20 into a training and a test set, and **each** is partitioned into C clients by the
 same procedure (an independent draw). Training clients learn the model; the C test clients
 are unseen clients used only for evaluation. Features are standardised per feature with

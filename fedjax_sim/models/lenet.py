@@ -3,7 +3,7 @@
 conv(1->20, 5x5, VALID) -> max-pool 2x2 -> ReLU -> conv(20->50, 5x5, VALID) -> max-pool 2x2
 -> ReLU -> flatten (800 for 28x28 inputs) -> dense 500 -> ReLU -> dense 10: 431,080
 parameters on 28x28x1 inputs. Initialisation is PyTorch's default (spec
-`../shared/specs/stepsizes_no_similarity.md` section 4): weights and biases ~
+`docs/specs/stepsizes_no_similarity.md` section 4): weights and biases ~
 U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in_channels * kh * kw (conv) or in_features.
 Flax's NHWC layout flattens in (h, w, c) order instead of PyTorch's (c, h, w); that only
 permutes the rows of the first dense layer and changes nothing else.

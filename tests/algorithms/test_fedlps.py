@@ -1,4 +1,4 @@
-"""FedLPS (spec ../shared/specs/fedlps_local_perturbation.md, section 8): reduction to FedAvg,
+"""FedLPS (spec docs/specs/fedlps_local_perturbation.md, section 8): reduction to FedAvg,
 round-0 anchors, the Lemma 1 identity at every local step, exact per-eigendirection
 contraction on the shared-Hessian quadratic (FedAvg, FedLPS, FedProx), convergence to the
 graph-weighted optimum, the paper's bounds, the divergence regime, monotonicity in beta,

@@ -1,5 +1,5 @@
 """FedMIM (Algorithm 1) against exact reductions, a NumPy replay, the paper's Lemmas 5/6 and
-closed forms (spec ../shared/specs/fedmim.md section 8), plus FedCM, C_t and validation."""
+closed forms (spec docs/specs/fedmim.md section 8), plus FedCM, C_t and validation."""
 
 import jax
 import jax.numpy as jnp

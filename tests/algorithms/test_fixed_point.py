@@ -1,6 +1,6 @@
 """FedAvg / FedProx local operators, EF-FedAvg / EF-FedProx (Beikmohammadi et al. 2024).
 
-Spec ../shared/specs/stepsizes_no_similarity.md section 8: exact reductions (8.1, 8.6), the
+Spec docs/specs/stepsizes_no_similarity.md section 8: exact reductions (8.1, 8.6), the
 virtual iterate (8.2), closed-form prox and its inner solver (8.7), the per-round inequality
 (1) with the constants of Propositions 1-4 every round at several heterogeneity levels with
 one step size (8.8), Theorems 1-3 (8.9), the EF-memory inequality (8.10), the rate shape

@@ -1,0 +1,638 @@
+"""Regenerates the tables of benchmarks/README.md from the rows in benchmarks/results/.
+
+Each table sits between `<!-- table:NAME:begin -->` and `<!-- table:NAME:end -->` and is
+rendered by `TABLES[NAME]` from the rows of its suites (`benchmarks/results/SUITE.jsonl`; by
+default the suite NAME), followed by lines derived from the rows (summary rows, skipped
+configurations, ratios the prose would otherwise restate) and the record line (commit,
+machine, load, command of the rows). Numbers are rounded here, once; nothing in the tables
+is typed by hand. `tests/bench/test_report.py` fails when the README differs.
+
+    PYTHONPATH=$PWD python benchmarks/report.py          # rewrite the README tables
+    PYTHONPATH=$PWD python benchmarks/report.py --check  # exit 1 if they are stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from fedjax_sim.bench.report import summary_text
+from fedjax_sim.bench.results import RESULTS, read_rows
+
+README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
+Row = dict[str, Any]
+Column = tuple[str, Callable[[Row], Any]]
+MEASURED = ("round", "measurement")
+
+
+def num(v: Any, digits: int = 3) -> str:
+    """3 significant digits below 1000, thousands separators above; `–` for missing."""
+    if v is None or v == "":
+        return "–"
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return str(v)
+    if isinstance(v, int) or abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}g}"
+
+
+def pct(v: Any) -> str:
+    return "–" if v is None else f"{v:.1%}"
+
+
+def gib(b: Any) -> str:
+    return "–" if not b else f"{b / 2**30:.2f}"
+
+
+def times(v: Any) -> str:
+    return "–" if v is None else f"{v:.2f}x" if v >= 0.1 else f"{v:.3g}x"
+
+
+def key(name: str, fmt: Callable[[Any], str] = num) -> Callable[[Row], str]:
+    return lambda r: fmt(r.get(name))
+
+
+def ratio(a: Any, b: Any) -> float | None:
+    return None if a is None or b is None or not b else a / b
+
+
+class Table(NamedTuple):
+    """How one README table is made: the `columns` of each row that `pivot` makes of the
+    measured rows of `suites` (default: the table's own name; `where` keeps some of them),
+    the line each summary row becomes (`summary(row, rows)`) and derived lines (`notes`)."""
+
+    columns: list[Column]
+    suites: tuple[str, ...] = ()
+    where: Callable[[Row], bool] | None = None
+    pivot: Callable[[list[Row]], list[Row]] | None = None
+    summary: Callable[[Row, list[Row]], str] | None = None
+    notes: Callable[[list[Row]], list[str]] | None = None
+
+
+# fedjax-sim bench rows (kind "round"): the columns every suite shares
+BENCH: list[Column] = [
+    ("configuration", lambda r: r["label"]),
+    ("compile s", key("compile_s")),
+    ("s/round median", key("round_s_median")),
+    ("min", key("round_s_min")),
+    ("client-steps/s", key("client_steps_per_s")),
+    ("roofline (same-run peak)", key("roofline_ratio", pct)),
+    ("peak RSS GiB", key("peak_memory_bytes", gib)),
+]
+PEAK: Column = ("matmul peak GFLOP/s", lambda r: num(r.get("peak_flops_per_s", 0) / 1e9 or None))
+
+
+def find(rows: list[Row], label: str) -> Row | None:
+    return next((r for r in rows if r["label"] == label), None)
+
+
+# --- summaries and derived lines of the fedjax-sim bench suites -------------------------
+
+
+def round_throughput_summary(s: Row, rows: list[Row]) -> str:
+    best, loop = find(rows, s["best_mode"]), next(r for r in rows if r["engine"] != "fedjax_sim")
+    on_min = ratio(loop["round_s_min"], best["round_s_min"])
+    return (
+        f"best engine mode {s['best_mode']}: **{times(s['speedup_vs_loop'])} the per-client "
+        f"jitted loop** (medians; {times(on_min)} on each one's best round)"
+    )
+
+
+def baselines_summary(s: Row, rows: list[Row]) -> str:
+    vs = "; ".join(f"**{times(x)}** {name}" for name, x in s["speedup_vs"].items())
+    one = next(r for r in rows if r["engine"] == "fedjax_sim" and r["workload"]["devices"] == 1)
+    loop = next(r for r in rows if r["engine"] == "python-loop")
+    one_vs = ratio(loop["round_s_median"], one["round_s_median"])
+    return (
+        f"best row {s['best']} (medians) vs: {vs}. On one device ({one['label']}): "
+        f"{times(one_vs)} the jitted loop."
+    )
+
+
+def modes_summary(s: Row, rows: list[Row]) -> str:
+    fit = next((r["label"] for r in rows if r["label"].startswith("fit")), "fit")
+    return (
+        f"{s['best']} ({num(s['best_round_s'])} s/round); the memory fit's choice "
+        f"({fit}) takes {times(s['fit_vs_best'])} its time"
+    )
+
+
+def algorithms_summary(s: Row, rows: list[Row]) -> str:
+    skipped = ", ".join(f"{k} ({v})" for k, v in s["skipped"].items()) or "none"
+    return (
+        f"{len(s['measured'])} rows measured (every registered algorithm, FedAvg again at the "
+        f"end), skipped: {skipped}; FedAvg at the end / at the start: "
+        f"**{times(s['fedavg_end_to_start'])}** (the noise level of the ratio column)"
+    )
+
+
+def memory_summary(s: Row, rows: list[Row]) -> str:
+    a, b = s["rounds"][0], s["rounds"][-1]
+    return (
+        f"peak RSS at {b} rounds / at {a} rounds: **{s['peak_ratio_last_to_first']:.3f}** "
+        "(target: within 10 %)"
+    )
+
+
+def cohort_summary(s: Row, rows: list[Row]) -> str:
+    stop = s["stopped_because"] or "the requested cohorts all ran"
+    return f"largest cohort measured {num(s['largest_measured'])} ({stop})"
+
+
+def client_bytes(w: Row) -> int:
+    """Generated client data per client: `per_client` float32 rows of features + label,
+    plus the int32 count."""
+    return w["per_client"] * (w["input_dim"] + 1) * 4 + 4
+
+
+def cohort_notes(rows: list[Row]) -> list[str]:
+    out = []
+    for name in dict.fromkeys(r["workload"]["name"] for r in rows):
+        rs = sorted((r for r in rows if r["workload"]["name"] == name), key=lambda r: r["clients"])
+        per = ", ".join(
+            num(r["round_s_median"] / r["clients"] * 1e6) for r in rs if r["clients"] >= 100
+        )
+        a, b = rs[-2], rs[-1]
+        slope = (b["peak_memory_bytes"] - a["peak_memory_bytes"]) / (b["clients"] - a["clients"])
+        data = client_bytes(b["workload"])
+        out.append(
+            f"{name}: us per client-round (M >= 100): {per}; peak RSS slope between "
+            f"M = {num(a['clients'])} and {num(b['clients'])}: **{num(round(slope))} bytes per "
+            f"client**, client data {num(data)} bytes per client ({times(slope / data)})"
+        )
+    return out
+
+
+def steps_width(rows: list[Row]) -> list[Row]:
+    """Steps and width side by side, one row each."""
+    steps = [r for r in rows if r["suite"] == "steps"]
+    width = [r for r in rows if r["suite"] == "width"]
+    out = []
+    for i in range(max(len(steps), len(width))):
+        s = steps[i] if i < len(steps) else {}
+        w = width[i] if i < len(width) else {}
+        out.append({"s": s, "w": w})
+    return out
+
+
+def side(part: str, name: str, fmt: Callable[[Any], str] = num) -> Callable[[Row], str]:
+    return lambda r: fmt(r[part].get(name))
+
+
+def width_of(r: Row) -> str:
+    return num(r["w"]["workload"]["hidden"][0]) if r["w"] else "–"
+
+
+def peak_of(part: str) -> Callable[[Row], str]:
+    return lambda r: num(r[part].get("peak_flops_per_s", 0) / 1e9 or None)
+
+
+# --- benchmarks/*.py suites --------------------------------------------------------------
+
+
+def ms(v: Any) -> str:
+    return "–" if v is None else num(v * 1e3)
+
+
+def first_s(r: Row) -> str:
+    return num(r.get("first_call_s", r.get("seconds", r.get("first_load_s"))))
+
+
+def warm_s(r: Row) -> str:
+    """Median of the warm calls (for a dataset: of the loads from its cache)."""
+    loads = r.get("cached_load_s")
+    return num(statistics.median(loads) if loads else r.get("warm_s_median"))
+
+
+def projected_ms(r: Row) -> str:
+    """Roofline: max(FLOPs / FP32 peak, bytes / HBM bandwidth)."""
+    memory_s = r["bytes_accessed"] / r["device"]["hbm_bytes_per_s"]
+    return num(max(r["bound_seconds_fp32"], memory_s) * 1e3)
+
+
+def device_speedup(r: Row) -> str:
+    return times(r["efficiency"] * r["devices"])
+
+
+def per_client_state_notes(rows: list[Row]) -> list[str]:
+    lines = []
+    for alg in dict.fromkeys(r["algorithm"] for r in rows):
+        parts = []
+        for mode in dict.fromkeys(r["mode"] for r in rows):
+            cs = sorted((r for r in rows if (r["algorithm"], r["mode"]) == (alg, mode)),
+                        key=lambda r: r["clients"])  # fmt: skip
+            if len(cs) >= 2:
+                parts.append(f"{mode} {times(cs[-1]['median_s'] / cs[0]['median_s'])}")
+        if parts:
+            lines.append(f"{alg}: {', '.join(parts)}")
+    cs = sorted({r["clients"] for r in rows})
+    return [f"median at C = {num(cs[-1])} / at C = {num(cs[0])}: " + "; ".join(lines)]
+
+
+def async_notes(rows: list[Row]) -> list[str]:
+    """Per-iteration time at the largest C over the smallest C at (about) equal E."""
+    out = []
+    lo, hi = min(r["clients"] for r in rows), max(r["clients"] for r in rows)
+    for a in (r for r in rows if r["clients"] == hi):
+        for b in (r for r in rows if r["clients"] == lo):
+            if abs(a["expected_firings"] / b["expected_firings"] - 1) < 0.05:
+                x = a["s_per_iteration_median"] / b["s_per_iteration_median"]
+                out.append(
+                    f"per-iteration time at C = {num(hi)} / at C = {num(lo)}, equal expected "
+                    f"firings E = {num(a['expected_firings'])}: **{times(x)}** (target < 3x)"
+                )
+    return out
+
+
+def rss_samples(r: Row) -> list[list[float]]:
+    """(time s, VmRSS bytes, rounds) samples while the process lived (RSS 0: it had ended)."""
+    return [s for s in r["samples"] if s[1]]
+
+
+def history_notes(rows: list[Row]) -> list[str]:
+    out = []
+    for r in rows:
+        s = rss_samples(r)
+        if len(s) < 3:
+            continue
+        (t0, m0, n0), (t1, m1, n1) = next(x for x in s if x[2]), s[-1]
+        out.append(
+            f"{r['label']}: {num((n1 - n0) / (t1 - t0))} rounds/s from the first sample after "
+            f"round 0 to the last; VmRSS {num(m0 / 2**20)} MiB at round {num(n0)} -> "
+            f"{num(m1 / 2**20)} MiB at round {num(n1)}: **{num((m1 - m0) / 2**20)} MiB, "
+            f"{num((m1 - m0) / (n1 - n0) / 1e3)} kB per round**"
+        )
+    return out
+
+
+def sweep_pivot(rows: list[Row]) -> list[Row]:
+    """One line per (workload, R): the modes side by side."""
+    out: dict[tuple[str, int], Row] = {}
+    for r in rows:
+        out.setdefault((r["workload"], r["R"]), {"workload": r["workload"], "R": r["R"]})[
+            r["mode"]
+        ] = r
+    return list(out.values())
+
+
+def runs_vs(mode: str, groups: bool = False) -> Callable[[Row], str]:
+    def cell(p: Row) -> str:
+        r = p.get(mode)
+        if r is None:
+            return "–"
+        g = f", groups of {r['runs_per_group']}" if groups and r.get("runs_per_group") else ""
+        return f"{num(r['runs_per_s'])} ({times(r['speedup_vs_sequential'])}{g})"
+
+    return cell
+
+
+def training_alone(form: str) -> Callable[[Row], str]:
+    def cell(p: Row) -> str:
+        m = p.get("matmul", {})
+        if f"train_{form}_cores_runs_per_s" not in m:
+            return "–"
+        x = m[f"train_{form}_cores_vs_sequential"]
+        return f"{num(m[f'train_{form}_cores_runs_per_s'])} ({times(x)})"
+
+    return cell
+
+
+def of_bound(p: Row) -> str:
+    cores, m = p.get("sweep-cores"), p.get("matmul", {})
+    bound = m.get("train_autodiff_cores_vs_sequential")
+    return pct(ratio(cores and cores["speedup_vs_sequential"], bound))
+
+
+def vs_mean(rows: list[Row]) -> list[Row]:
+    """Adds `vs_mean`: the mean's time / this aggregator's (same d and M)."""
+    means = {(r["d"], r["M"]): r["seconds"] for r in rows if r["aggregator"] == "mean"}
+    out = []
+    for r in rows:
+        x = None if r.get("skipped") else ratio(means.get((r["d"], r["M"])), r["seconds"])
+        out.append({**r, "vs_mean": x})
+    return out
+
+
+def aggregators_notes(rows: list[Row]) -> list[str]:
+    peaks = sorted({round(r["matmul_gflops"]) for r in rows if r.get("matmul_gflops")})
+    return [f"2048^2 f32 matmul in the same run: {', '.join(map(num, peaks))} GFLOP/s"]
+
+
+def h100_plan(rows: list[Row]) -> list[Row]:
+    """The memory plan: one line per mode, one column per workload."""
+    modes = list(dict.fromkeys(m for r in rows for m in r["largest_cohort_in_80GB"]))
+    return [{"mode": m, **{r["label"]: r["largest_cohort_in_80GB"].get(m) for r in rows}}
+            for m in modes]  # fmt: skip
+
+
+def h100_plan_notes(rows: list[Row]) -> list[str]:
+    return [
+        f"{r['label']}: working memory {num(r['per_client_work_bytes'] / 1e3)} kB per client "
+        f"(slope of XLA's temporary + output buffers of the vmapped round between cohorts of 2 "
+        f"and 4), data {num(r['per_client_data_bytes'] / 1e3)} kB per client"
+        for r in rows
+    ]
+
+
+def auto_choice(r: Row) -> str:
+    c = r["auto_choice"]
+    return c["mode"] if c.get("batch_size") is None else f"{c['mode']}({c['batch_size']})"
+
+
+def over_best(mode: str) -> Callable[[Row], str]:
+    return lambda r: times(ratio(r["median_seconds"][mode], r["median_seconds"][r["best_mode"]]))
+
+
+def donation(r: Row) -> bool:
+    return r["args"].get("cohort") == 20
+
+
+TABLES: dict[str, Table] = {
+    "round_throughput": Table(BENCH, summary=round_throughput_summary),
+    "baselines": Table(BENCH, summary=baselines_summary),
+    "modes": Table(BENCH, summary=modes_summary),
+    "cohort": Table(BENCH, summary=cohort_summary, notes=cohort_notes),
+    "steps_width": Table(
+        [
+            ("K", side("s", "local_steps")),
+            ("s/round", side("s", "round_s_median")),
+            ("client-steps/s", side("s", "client_steps_per_s")),
+            ("roofline", side("s", "roofline_ratio", pct)),
+            ("matmul peak GFLOP/s", peak_of("s")),
+            ("", lambda r: ""),
+            ("width", width_of),
+            ("s/round", side("w", "round_s_median")),
+            ("client-steps/s", side("w", "client_steps_per_s")),
+            ("roofline", side("w", "roofline_ratio", pct)),
+            ("matmul peak GFLOP/s", peak_of("w")),
+        ],
+        suites=("steps", "width"),
+        pivot=steps_width,
+    ),
+    "memory": Table([*BENCH, PEAK], summary=memory_summary),
+    "algorithms": Table(
+        [*BENCH, ("ratio to FedAvg (medians)", key("ratio_to_fedavg"))], summary=algorithms_summary
+    ),
+    "device_scaling": Table(
+        [
+            ("devices", key("devices")),
+            ("s/round median", key("round_s_median")),
+            ("client-steps/s", key("client_steps_per_s")),
+            ("speed-up t(1) / t(n)", device_speedup),
+            ("efficiency t(1) / (n t(n))", key("efficiency")),
+        ]
+    ),
+    "partition_scaling": Table(
+        [
+            ("measurement", lambda r: r["label"]),
+            ("first s", first_s),
+            ("warm s", warm_s),
+            ("N_max", key("n_max")),
+            ("empty clients", key("empty_clients")),
+            ("waste, 1 array", key("padding_waste")),
+            ("/ examples", lambda r: times(ratio(r.get("padding_waste"), r.get("examples")))),
+            ("4 buckets", key("waste_4_buckets")),
+            ("8 buckets", key("waste_8_buckets")),
+            ("/ examples", lambda r: times(ratio(r.get("waste_8_buckets"), r.get("examples")))),
+            ("16 buckets", key("waste_16_buckets")),
+        ]
+    ),
+    "per_client_state": Table(
+        [
+            ("algorithm", key("algorithm")),
+            ("mode", key("mode")),
+            ("C", key("clients")),
+            ("ms/round median", lambda r: num(r["median_s"] * 1e3, 4)),
+            ("ms/round min", lambda r: num(r["min_s"] * 1e3, 4)),
+        ],
+        notes=per_client_state_notes,
+    ),
+    "async_throughput": Table(
+        [
+            ("C", key("clients")),
+            ("mean p", key("p_mean")),
+            ("E[firings]", key("expected_firings")),
+            ("slots", key("slots")),
+            ("ms / iteration (median)", lambda r: num(r["s_per_iteration_median"] * 1e3)),
+            ("iterations/s", key("iterations_per_s")),
+            ("client updates/s", key("client_updates_per_s")),
+            ("per-client state MB", lambda r: num(r["per_client_state_bytes"] / 1e6)),
+            ("peak RSS MB", key("peak_rss_mb")),
+        ],
+        notes=async_notes,
+    ),
+    "history_scaling": Table(
+        [
+            ("rounds", key("rounds")),
+            ("`simulate` s", key("simulate_s")),
+            ("wall s (incl. start-up, data, compile)", key("wall_s")),
+            ("VmRSS samples", lambda r: num(len(rss_samples(r)))),
+            ("last VmRSS sample MiB", lambda r: num(rss_samples(r)[-1][1] / 2**20)),
+        ],
+        notes=history_notes,
+    ),
+    "sweep_throughput": Table(
+        [
+            ("workload", key("workload")),
+            ("R", key("R")),
+            ("sequential runs/s", lambda p: num(p["sequential"]["runs_per_s"])),
+            ("sweep, planner: runs/s (x sequential)", runs_vs("sweep-auto", groups=True)),
+            ("sweep over the cores", runs_vs("sweep-cores")),
+            ("training alone over the cores, autodiff", training_alone("autodiff")),
+            ("same, transposed weight gradient", training_alone("transposed")),
+            ("sweep over the cores / autodiff bound", of_bound),
+            ("2048^2 matmul GFLOP/s", lambda p: num(p.get("matmul", {}).get("peak_gflops"))),
+        ],
+        pivot=sweep_pivot,
+    ),
+    "population_scaling": Table(
+        [
+            ("source", key("source")),
+            ("population C", key("clients")),
+            ("s/round (median of passes)", key("seconds_per_round")),
+            ("peak RSS GiB", key("peak_rss_gib")),
+            ("prefetch s/round (hidden)", key("prefetch_seconds_per_round")),
+            ("wait for data ms/round", key("stall_seconds_per_round", ms)),
+            ("overlap", key("overlap", pct)),
+        ]
+    ),
+    "population_pairs": Table(
+        [
+            ("population C", key("clients")),
+            ("device s/round", key("device_seconds_per_round")),
+            ("disk s/round", key("disk_seconds_per_round")),
+            ("disk / device", key("ratio", times)),
+            ("prefetch s/round", key("prefetch_seconds_per_round")),
+            ("wait for data s/round", key("stall_seconds_per_round")),
+        ]
+    ),
+    "state_rows": Table(
+        [
+            ("configuration", lambda r: r["label"]),
+            ("rows on device s/round", key("median_device")),
+            ("rows on host s/round", key("median_host")),
+            ("host / device", key("host_over_device", times)),
+            ("row MB per round sent", key("row_mb_sent_per_round")),
+            ("prefetch s/round", key("prefetch_s_per_round")),
+            ("write-back s/round", key("writeback_s_per_round")),
+            ("wait for rows s/round", key("stall_s_per_round")),
+            ("overlap", key("overlap", pct)),
+        ],
+        where=lambda r: not donation(r),
+    ),
+    "state_rows_donation": Table(
+        [
+            ("configuration", lambda r: r["label"]),
+            ("rows on device s/round", key("median_device")),
+            ("rows on host s/round", key("median_host")),
+            ("host / device", key("host_over_device", times)),
+        ],
+        suites=("state_rows",),
+        where=donation,
+    ),
+    "client_map_auto": Table(
+        [
+            ("workload", key("workload")),
+            *[
+                (m, lambda r, m=m: num(r["median_seconds"].get(m)))
+                for m in ("map(1)", "map(2)", "map(4)", "map(8)", "map(16)", "vmap")
+            ],
+            ("best", key("best_mode")),
+            ("auto's choice", auto_choice),
+            ("auto", lambda r: num(r["median_seconds"].get("auto"))),
+            ("auto / best", over_best("auto")),
+            ("old static rule map(8) / best", over_best("map(8)")),
+            ("measuring took s", key("autotune_seconds")),
+        ]
+    ),
+    "aggregators": Table(
+        [
+            ("d", key("d")),
+            ("M", key("M")),
+            ("aggregator", key("aggregator")),
+            ("ms / reduce", lambda r: r.get("skipped") or num(r["seconds"] * 1e3)),
+            ("updates/s", key("updates_per_s")),
+            ("vs mean", key("vs_mean", times)),
+            ("peak RSS GiB", key("peak_rss_gib")),
+        ],
+        pivot=vs_mean,
+        notes=aggregators_notes,
+    ),
+    "h100_projection": Table(
+        [
+            ("round", lambda r: r["label"]),
+            ("GFLOP", lambda r: num(r["flops"] / 1e9)),
+            ("GB accessed", lambda r: num(r["bytes_accessed"] / 1e9)),
+            ("FLOP/byte", key("arithmetic_intensity")),
+            ("FP32 compute bound ms", lambda r: num(r["bound_seconds_fp32"] * 1e3)),
+            ("projected round >= ms", projected_ms),
+            ("bound by", key("bound_by")),
+            ("measured here s", key("measured_cpu_seconds")),
+        ]
+    ),
+    "h100_memory_plan": Table(
+        [
+            ("largest cohort in 80 GB (90 % usable)", key("mode")),
+            ("W1", key("W1")),
+            ("LR-1e6", key("LR-1e6")),
+        ],
+        suites=("h100_projection",),
+        pivot=h100_plan,
+        notes=h100_plan_notes,
+    ),
+    "traced_hparams_scan": Table(
+        [
+            ("algorithm", key("algorithm")),
+            ("traced", lambda r: ", ".join(r["traced_ok"]) or "–"),
+            ("refused", lambda r: "; ".join(x.split(" (")[0] for x in r["refused"]) or "–"),
+        ]
+    ),
+}
+
+
+def record(rows: list[Row]) -> str:
+    """One line per distinct (commit, command): where the numbers come from."""
+    seen: dict[tuple[str, str], list[Row]] = {}
+    for r in rows:
+        seen.setdefault((r["commit"], r["command"]), []).append(r)
+    lines = []
+    for (commit, command), group in seen.items():
+        m, load = group[0]["machine"], group[0]["load"]
+        if isinstance(m, dict):
+            parts = [m.get("cpu_model"), m.get("cpu_count") and f"{m['cpu_count']} cores"]
+            parts += [m.get("memory_gib") and f"{m['memory_gib']} GiB"]
+            parts += [m.get("device_kind") and f"device {m['device_kind']}"]
+            parts += [m.get("jax") and f"jax {m['jax']}"]
+            machine = ", ".join(str(p) for p in parts if p) or "unknown"
+            machine += f" ({m['note']})" if m.get("note") else ""
+        else:
+            machine = m
+        if isinstance(load, dict):
+            span = f"{num(load['start_1m'])} -> {num(load['end_1m'])}"
+            load_s = f"{span} ({load['note']})" if load.get("note") else span
+        else:
+            load_s = load
+        lines.append(
+            f"Rows {', '.join(r['label'] for r in group[:3])}{', ...' if len(group) > 3 else ''}"
+            f": commit `{commit}`; machine: {machine}; load (1 min): {load_s}; "
+            f"command: `{command}`."
+        )
+    return "\n".join(f"<sub>{line}</sub>\n" for line in lines).rstrip("\n")
+
+
+def sources(name: str) -> tuple[str, ...]:
+    return TABLES[name].suites or (name,)
+
+
+def table(name: str, rows: list[Row] | None = None) -> str:
+    spec = TABLES[name]
+    if rows is None:
+        rows = [r for s in sources(name) for r in read_rows(os.path.join(RESULTS, f"{s}.jsonl"))]
+    if spec.where:
+        rows = [r for r in rows if spec.where(r)]
+    measured = [r for r in rows if r["kind"] in MEASURED]
+    body = spec.pivot(measured) if spec.pivot else measured
+    cols = spec.columns
+    lines = ["| " + " | ".join(h for h, _ in cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(f(r)) for _, f in cols) + " |" for r in body]
+    notes = []
+    for r in rows:
+        if r["kind"] == "skipped":
+            notes.append(f"- {r['label']}: skipped ({r['reason']})")
+        elif r["kind"] == "summary":
+            text = spec.summary(r, measured) if spec.summary else summary_text(r)
+            notes.append(f"- {r['label']}: {text}")
+    notes += [f"- {line}" for line in (spec.notes(measured) if spec.notes else [])]
+    return "\n".join([*lines, "", *notes, *([""] if notes else []), record(rows)])
+
+
+MARK = re.compile(r"(<!-- table:(\w+):begin -->\n)(.*?)(<!-- table:\2:end -->)", re.S)
+
+
+def render(text: str) -> str:
+    return MARK.sub(lambda m: f"{m[1]}{table(m[2])}\n{m[4]}", text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if the README is stale")
+    args = ap.parse_args(argv)
+    with open(README) as f:
+        text = f.read()
+    new = render(text)
+    if args.check:
+        if new != text:
+            print("benchmarks/README.md tables are stale: run benchmarks/report.py")
+        return int(new != text)
+    with open(README, "w") as f:
+        f.write(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

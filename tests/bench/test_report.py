@@ -1,0 +1,48 @@
+"""benchmarks/README.md's tables are generated from benchmarks/results/ (cheap: files only)."""
+
+import importlib.util
+import os
+import re
+
+from fedjax_sim.bench.results import REPO, RESULTS
+
+spec = importlib.util.spec_from_file_location(
+    "bench_report", os.path.join(REPO, "benchmarks", "report.py")
+)
+report = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(report)
+
+
+def readme() -> str:
+    with open(report.README) as f:
+        return f.read()
+
+
+def test_readme_tables_are_generated_from_the_rows():
+    text = readme()
+    assert report.render(text) == text, "stale: PYTHONPATH=$PWD python benchmarks/report.py"
+
+
+def test_every_suite_with_rows_is_a_table_in_the_readme():
+    suites = {n.removesuffix(".jsonl") for n in os.listdir(RESULTS) if n.endswith(".jsonl")}
+    tables = set(re.findall(r"<!-- table:(\w+):begin -->", readme()))
+    assert tables <= set(report.TABLES)
+    rendered = {s for t in tables for s in report.sources(t)}
+    assert suites <= rendered, f"suites with rows but no README table: {suites - rendered}"
+    for t in report.TABLES:
+        for s in report.sources(t):
+            assert os.path.exists(os.path.join(RESULTS, f"{s}.jsonl")), (t, s)
+
+
+def test_summary_rows_are_formatted_not_dumped():
+    text = readme()
+    assert "{'" not in text and "['" not in text, "a summary row is rendered as a raw dict/list"
+
+
+def test_readme_cites_no_removed_result_file():
+    text = readme()
+    for path in re.findall(r"`(?:benchmarks/)?results/([^`\s]+)`", text):
+        if "<" not in path:
+            assert os.path.exists(os.path.join(RESULTS, path)), path
+    for gone in ("uptime.log", "algorithms_first.md", "cohort.png", "baselines_rerun.jsonl"):
+        assert f"`{gone}`" not in text and f"/{gone}`" not in text, gone
