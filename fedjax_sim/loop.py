@@ -189,8 +189,9 @@ def run_loop(
     stop = _StopRequest(notice=progress and writer)
     try:
         stop.__enter__()
-        if start == 0 and not histories[0].evals:
-            do_eval(0, state)
+        evals = histories[0].evals
+        if start % every == 0 and (not evals or evals[-1]["round"] < start):
+            do_eval(start, state)  # round 0, or a Ctrl-C in the evaluation before a save
         for r0, r1 in spans(start, num_rounds, every, checkpoint_every):
             if stop.requested:
                 raise KeyboardInterrupt
