@@ -60,9 +60,10 @@ from fedjax_sim.algorithms.compose import (
 )
 from fedjax_sim.data import ArrayData, Batch, FederatedData
 from fedjax_sim.history import History
+from fedjax_sim.loop import NonFiniteError
 from fedjax_sim.models import Model
 from fedjax_sim.parallel import ClientMap
-from fedjax_sim.simulate import EvalSpec, NonFiniteError, simulate
+from fedjax_sim.simulate import EvalSpec, simulate
 from fedjax_sim.streaming import simulate_streamed
 
 __version__ = "0.1.0"

@@ -62,7 +62,8 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
     import jax
 
     from fedjax_sim.checkpoint import CheckpointError
-    from fedjax_sim.simulate import EvalSpec, Interrupted, NonFiniteError, simulate
+    from fedjax_sim.loop import Interrupted, NonFiniteError
+    from fedjax_sim.simulate import EvalSpec, simulate
 
     summary = dataset.train.summary()
     natural = cfg.dataset in ("shakespeare", "fedprox_synthetic", "shifted_minority")

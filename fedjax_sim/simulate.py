@@ -1,19 +1,16 @@
 """`simulate`: run an `Algorithm` for many rounds as compiled `lax.scan` chunks.
 
 Rounds between two evaluations (or checkpoints) run as one jitted `lax.scan`; the host only
-sees chunk boundaries, where it evaluates the global model, updates the progress bar, writes
-the history and checkpoints. A non-finite global model stops the run with an error naming
-the first bad round.
+sees chunk boundaries, where `fedjax_sim.loop.run_loop` (shared with `simulate_streamed` and
+`sweep`) evaluates the global model, updates the progress bar, writes the history and
+checkpoints. A non-finite global model stops the run with an error naming the first bad
+round.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import signal
-import sys
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,68 +22,13 @@ from jax.sharding import Mesh
 
 from fedjax_sim import distributed
 from fedjax_sim.algorithms.core import Algorithm, tree_all_finite
-from fedjax_sim.checkpoint import Checkpointer, CheckpointError, deferred_sigint
 from fedjax_sim.data.federated import ArrayData, Batch, FederatedData
-from fedjax_sim.history import History, HistoryWriter
+from fedjax_sim.history import History
+from fedjax_sim.loop import check_run_args, chunk_length, run_loop
 from fedjax_sim.models.base import Model
 from fedjax_sim.parallel import ClientMap, recorded_modes
 
 INIT_PURPOSE = 7  # key purpose of the initial model
-
-
-class NonFiniteError(FloatingPointError):
-    """The global model became NaN/Inf."""
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C stopped the run after `round` completed rounds; `checkpoint` is the folder of
-    the checkpoint that holds them (None without a `checkpoint_dir`)."""
-
-    def __init__(self, round_: int, checkpoint: str | None):
-        super().__init__(f"interrupted at round {round_}")
-        self.round = round_
-        self.checkpoint = checkpoint
-
-    def message(self) -> str:
-        """One line for the user: where the run stopped and how to go on from there."""
-        where = (
-            f"checkpoint saved to {self.checkpoint}; rerun the same command with --resume"
-            if self.checkpoint
-            else "nothing saved (--checkpoint-every N saves progress)"
-        )
-        return f"interrupted at round {self.round}; {where}"
-
-
-class _StopRequest:
-    """Ctrl-C handling of a run (main thread only): the first SIGINT asks the run to stop at
-    the next chunk boundary (where the state is consistent and a checkpoint is saved); a
-    second one raises KeyboardInterrupt at once. A KeyboardInterrupt raised inside JAX
-    internals can be swallowed (e.g. in a garbage-collection callback); a flag cannot."""
-
-    def __init__(self, notice: bool):
-        self.requested = False
-        self.notice = notice
-        self._previous: Any = None
-
-    def __enter__(self) -> _StopRequest:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        if self.notice:
-            print(
-                "\nstopping after the current chunk of rounds (Ctrl-C again to stop now)",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
 
 
 # ------------------------------------------------------------------------------ evaluation
@@ -183,24 +125,6 @@ class EvalSpec:
 
 
 # ------------------------------------------------------------------------------ runner
-def check_run_args(
-    num_rounds: int,
-    evaluation: EvalSpec,
-    checkpoint_every: int | None,
-    resume: bool,
-    checkpoint_dir: str | None,
-) -> None:
-    """The argument checks shared by `simulate` and `sweep`."""
-    if num_rounds < 1:
-        raise ValueError(f"num_rounds must be >= 1, got {num_rounds}")
-    if evaluation.every < 1:
-        raise ValueError(f"evaluation.every must be >= 1, got {evaluation.every}")
-    if checkpoint_every is not None and checkpoint_every < 1:
-        raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
-    if (checkpoint_every or resume) and not checkpoint_dir:
-        raise ValueError("checkpoint_every/resume need a checkpoint_dir")
-
-
 def simulate(
     algorithm: Algorithm,
     data: FederatedData,
@@ -263,8 +187,7 @@ def simulate(
       Interrupted: Ctrl-C (a KeyboardInterrupt), after saving a checkpoint if possible.
       CheckpointError: the checkpoint to resume from is unusable.
     """
-    check_run_args(num_rounds, evaluation, checkpoint_every, resume, checkpoint_dir)
-
+    check_run_args(num_rounds, evaluation.every, checkpoint_every, resume, checkpoint_dir)
     if params is None:
         params = model.init(jax.random.fold_in(key, INIT_PURPOSE))
     state = algorithm.init(params, key)
@@ -272,121 +195,61 @@ def simulate(
         state, data = distributed.place_run(algorithm, state, data, mesh)
         if test is not None:  # the central test set: no per-client rows
             test = distributed.place(test, mesh, data.num_clients, rows=False)
-    writer = distributed.is_main_process()
-    history = History(meta=dict(meta or {}))
-    start = 0
-    ckpt = Checkpointer(checkpoint_dir, replace=not resume) if checkpoint_dir else None
-    if resume and ckpt is not None and ckpt.latest_round() is not None:
-        start, state, saved_key, saved = ckpt.restore(state, key)
-        if not np.array_equal(jax.random.key_data(saved_key), jax.random.key_data(key)):
-            raise CheckpointError(
-                "resume: the checkpoint was written by a run with a different key (seed)"
-            )
-        history = History.from_dict(saved)
-        history.truncate(start)
-        history.meta.update(meta or {})
-        if on_resume is not None:
-            on_resume(start)
-        if start >= num_rounds:
-            return (history, state) if return_state else history
-    files = HistoryWriter(out_dir) if out_dir and writer else None
-
+    meta = dict(meta or {})
     # resolves (measures) ClientMap("auto") before compiling; the round's modes are recorded
     modes = recorded_modes(jax.make_jaxpr(algorithm.step)(state, data, key))
     if modes:
-        history.meta["client_map"] = ", ".join(modes)
+        meta["client_map"] = ", ".join(modes)
         if client_map == ClientMap():
             client_map = ClientMap.recorded(modes[0])
-    state = owned(state)  # the chunks donate it
-    chunk = max(1, min(num_rounds, evaluation.every, checkpoint_every or num_rounds))
-    run_chunk = _compiled_chunk(algorithm, chunk)
-    evaluate = _compiled_evaluator(model, evaluation, client_map, test is not None)
-
-    def do_eval(round_: int, state: Any) -> dict[str, float]:
-        results = distributed.fetch(evaluate(state.params, data, test))
-        values = {k: float(v) for k, v in results.items()}
-        if privacy is not None:
-            values["epsilon"] = float(privacy(round_))
-        history.append_eval(round_, values)
-        return values
-
-    bar = _progress(progress and writer, num_rounds, start)
-    r = start
-    t0 = time.perf_counter()
-    last_saved = start
-    stop = _StopRequest(notice=progress and writer)
-    try:
-        stop.__enter__()
-        if start == 0 and not history.evals:
-            do_eval(0, state)
-        r = start
-        while r < num_rounds:
-            if stop.requested:
-                raise KeyboardInterrupt
-            end = min(
-                num_rounds,
-                _next_multiple(r, evaluation.every),
-                _next_multiple(r, checkpoint_every) if checkpoint_every else num_rounds,
-            )
-            new_state, metrics = run_chunk(state, data, key, end - r)
-            metrics = jax.tree.map(lambda m: m[: end - r], distributed.fetch(metrics))
-            finite = np.asarray(metrics.pop("params_finite"))
-            history.append_rounds(r + 1, metrics)
-            if not finite.all():
-                if files is not None:
-                    files.append(history)
-                bad = r + 1 + int(np.argmin(finite))
-                raise NonFiniteError(
-                    f"the global model became NaN/Inf at round {bad} "
-                    f"(train_loss there: {metrics.get('train_loss', [np.nan])[bad - r - 1]}); "
-                    "lower the learning rates or check the data"
-                )
-            state, r = new_state, end
-            values = do_eval(r, state) if r % evaluation.every == 0 or r == num_rounds else {}
-            if bar is not None:
-                bar.update(end - bar.n)
-                bar.set_postfix(_postfix(metrics, values), refresh=False)
-            if files is not None:
-                files.append(history)
-            if ckpt and checkpoint_every and (r % checkpoint_every == 0 or r == num_rounds):
-                history.meta["seconds"] = time.perf_counter() - t0
-                ckpt.save(r, state, key, history.to_dict())
-                last_saved = r
-    except KeyboardInterrupt:
-        history.truncate(r)  # rows of a chunk whose state was not kept
-        saved_to = None
-        if not alive(state):  # a second Ctrl-C inside a chunk: round r's state was donated
-            if ckpt and ckpt.latest_round() is not None:
-                r = last_saved  # the rounds the checkpoint holds
-                history.truncate(r)
-        elif ckpt and (r > last_saved or ckpt.latest_round() is None):
-            history.meta["seconds"] = time.perf_counter() - t0
-            ckpt.save(r, state, key, history.to_dict())
-        if ckpt and ckpt.latest_round() is not None:
-            saved_to = ckpt.directory
-        raise Interrupted(r, saved_to) from None
-    finally:
-        stop.__exit__()
-        if bar is not None:
-            bar.close()
-        history.meta["seconds"] = time.perf_counter() - t0
-        if files is not None and files.started:
-            with deferred_sigint():
-                files.finish(history)
-        if ckpt:
-            ckpt.close()
+    source = _Chunks(
+        _compiled_chunk(algorithm, chunk_length(num_rounds, evaluation.every, checkpoint_every)),
+        _compiled_evaluator(model, evaluation, client_map, test is not None),
+        data,
+        test,
+        key,
+    )
+    (history,), state = run_loop(
+        source,
+        state,
+        key,
+        [meta],
+        num_rounds=num_rounds,
+        every=evaluation.every,
+        out_dir=out_dir,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        progress=progress,
+        on_resume=on_resume,
+        privacy=privacy,
+    )
     return (history, state) if return_state else history
 
 
-def owned(tree: Any) -> Any:
-    """Fresh copies of `tree`'s arrays: a state the chunks may donate without deleting
-    arrays the caller still holds (the params passed in, a restored checkpoint)."""
-    return jax.tree.map(lambda a: jnp.copy(a) if isinstance(a, jax.Array) else a, tree)
+@dataclasses.dataclass(frozen=True)
+class _Chunks:
+    """`simulate`'s chunks: the compiled chunk and evaluator on the whole population."""
 
+    run_chunk: Callable[..., Any]
+    evaluator: Callable[..., Any]
+    data: FederatedData
+    test: ArrayData | None
+    key: jax.Array
 
-def alive(tree: Any) -> bool:
-    """No array of `tree` was donated (deleted) yet."""
-    return not any(a.is_deleted() for a in jax.tree.leaves(tree) if isinstance(a, jax.Array))
+    def run(self, state: Any, start: int, stop: int) -> tuple[Any, list[dict[str, np.ndarray]]]:
+        state, metrics = self.run_chunk(state, self.data, self.key, stop - start)
+        return state, [jax.tree.map(lambda m: m[: stop - start], distributed.fetch(metrics))]
+
+    def evaluate(self, state: Any) -> list[dict[str, float]]:
+        results = distributed.fetch(self.evaluator(state.params, self.data, self.test))
+        return [{k: float(v) for k, v in results.items()}]
+
+    def saved(self, state: Any) -> Any:
+        return state
+
+    def restored(self, tree: Any) -> Any:
+        return tree
 
 
 @functools.lru_cache(maxsize=16)
@@ -438,26 +301,3 @@ def _compiled_evaluator(model: Model, spec: EvalSpec, client_map: ClientMap, has
         return out
 
     return jax.jit(evaluate)
-
-
-def _next_multiple(r: int, every: int) -> int:
-    return (r // every + 1) * every
-
-
-def _progress(enabled: bool, total: int, initial: int):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, unit="round", dynamic_ncols=True)
-
-
-def _postfix(metrics: dict[str, np.ndarray], values: dict[str, float]) -> dict[str, str]:
-    out = {}
-    if "train_loss" in metrics:
-        out["loss"] = f"{float(np.asarray(metrics['train_loss'])[-1]):.4f}"
-    if "test_accuracy" in values:
-        out["acc"] = f"{values['test_accuracy']:.4f}"
-    if "epsilon" in values:
-        out["eps"] = f"{values['epsilon']:.3g}"
-    return out

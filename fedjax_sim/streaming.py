@@ -34,29 +34,23 @@ import functools
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import Mesh
 
 from fedjax_sim.algorithms.core import COHORT, Algorithm, CohortSpec, round_key, tree_all_finite
 from fedjax_sim.data.federated import ArrayData, FederatedData
 from fedjax_sim.data.procedural import Population
 from fedjax_sim.data.store import ClientStore, CohortData, CohortRows, HostStore
 from fedjax_sim.history import History
+from fedjax_sim.loop import check_run_args, chunk_length, run_loop, spans
 from fedjax_sim.models.base import Model
-from fedjax_sim.simulate import (
-    INIT_PURPOSE,
-    EvalSpec,
-    NonFiniteError,
-    _next_multiple,
-    _postfix,
-    _progress,
-    evaluate_central,
-    owned,
-)
+from fedjax_sim.simulate import INIT_PURPOSE, EvalSpec, evaluate_central
 
 
 # ------------------------------------------------------------------------------ plans
@@ -313,6 +307,24 @@ class _RowStore:
         self.store.flush()
         return self._with_rows(state, [self.store.arrays[n] for n in self.names])
 
+    def saved(self, state: Any) -> Any:
+        """`state` with its row leaves the host store's `[C, ...]` arrays (written back)."""
+        self.write_back()
+        return self.final_state(state)
+
+    def restored(self, tree: Any) -> Any:
+        """The device state of a checkpoint's `tree`; its rows go to the host store."""
+        leaves = self.treedef.flatten_up_to(tree)
+        rows = [np.asarray(a) for a, m in zip(leaves, self.mask, strict=True) if m]
+        self.store.scatter(np.arange(self.num_clients), dict(zip(self.names, rows, strict=True)))
+        self.prev = self.pending = None
+        return self.treedef.unflatten(
+            [
+                None if m else jax.device_put(a, self.device)
+                for a, m in zip(leaves, self.mask, strict=True)
+            ]
+        )
+
 
 # ------------------------------------------------------------------------------ runner
 @dataclasses.dataclass
@@ -354,12 +366,20 @@ def simulate_streamed(
     meta: dict[str, Any] | None = None,
     state_rows: Literal["device", "host"] = "device",
     rows_dir: str | None = None,
+    out_dir: str | None = None,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
+    on_resume: Callable[[int], None] | None = None,
+    privacy: Callable[[int], float] | None = None,
+    mesh: Mesh | None = None,
     return_state: bool = False,
 ) -> History | tuple[History, Any]:
     """Runs `num_rounds` of `algorithm` on a population outside device memory.
 
-    Same loop as `simulate` (scan chunks of `evaluation.every` rounds, central evaluation,
-    progress bar, NaN check), but each chunk's cohort rows `[T, M, ...]` are gathered from
+    The loop of `simulate` (`fedjax_sim.loop.run_loop`: scan chunks, central evaluation,
+    progress bar, NaN guard, `out_dir` files, checkpoints and resume, Ctrl-C, `privacy`;
+    those arguments as in `simulate`), but each chunk's cohort rows `[T, M, ...]` are gathered from
     `source` by a background thread (`prefetch` chunks ahead) and passed to the compiled
     chunk; rounds see a `CohortData` view (exact plans) or the cohort as their population
     (`UniformCohorts`). `History.meta["streaming"]` holds the pipeline timings
@@ -379,15 +399,19 @@ def simulate_streamed(
       next chunk computes. Bit for bit the `"device"` run, except statistics over all C
       rows (`uplink_memory_rms`, FGDRO's objectives), not reported.
     `return_state`: also return the final state (host-mode row leaves as host arrays).
+    Checkpoints hold the full state (host rows written back first); a resume puts the rows
+    back in the host store. `mesh` is refused (the chunk's rows are on one device).
 
     Raises ValueError (before compiling) for settings a cohort view cannot serve: per-client
     or training-set evaluation, a plan over another population size, `prefetch < 1`, host
     rows with a non-exact plan or an algorithm that does not declare its rows.
     """
-    if num_rounds < 1:
-        raise ValueError(f"num_rounds must be >= 1, got {num_rounds}")
-    if evaluation.every < 1:
-        raise ValueError(f"evaluation.every must be >= 1, got {evaluation.every}")
+    check_run_args(num_rounds, evaluation.every, checkpoint_every, resume, checkpoint_dir)
+    if mesh is not None:
+        raise ValueError(
+            "mesh: a streamed run puts each chunk's cohort rows on one device (not sharded "
+            "yet); shard an on-device population with simulate(mesh=...)"
+        )
     if evaluation.train or evaluation.extra is not None:
         raise ValueError("a streamed run evaluates on the central test set only (no train/extra)")
     if prefetch < 1:
@@ -424,29 +448,85 @@ def simulate_streamed(
     if plan.exact:
         counts_dev = jnp.asarray(host_counts) if host_counts is not None else source.all_counts()
     rows = _Rows(population=source) if isinstance(source, Population) else _Rows(source.decode)
-    state = owned(state)  # the chunks donate it
-    chunk = max(1, min(num_rounds, evaluation.every))
-    run_chunk = _compiled_stream_chunk(algorithm, chunk, rows, num_classes, plan.exact)
-    evaluate = _compiled_central(model, evaluation.batch_size) if test is not None else None
+    chunk = chunk_length(num_rounds, evaluation.every, checkpoint_every)
+    stream = _Stream(
+        run_chunk=_compiled_stream_chunk(algorithm, chunk, rows, num_classes, plan.exact),
+        evaluator=_compiled_central(model, evaluation.batch_size) if test is not None else None,
+        test=test,
+        source=source,
+        plan=plan,
+        key=key,
+        counts=counts_dev,
+        rows_store=rows_store,
+        chunk=chunk,
+        prefetch=prefetch,
+        spans=functools.partial(
+            spans, num_rounds=num_rounds, every=evaluation.every, checkpoint_every=checkpoint_every
+        ),
+    )
+    try:
+        (history,), state = run_loop(
+            stream,
+            state,
+            key,
+            [dict(meta or {})],
+            num_rounds=num_rounds,
+            every=evaluation.every,
+            out_dir=out_dir,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            resume=resume,
+            progress=progress,
+            on_resume=on_resume,
+            privacy=privacy,
+            nonfinite_hint="lower the learning rates, check the data, or check that the cohort "
+            "plan covers every id the algorithm reads (missing clients read NaN features)",
+        )
+        if rows_store is not None:
+            state = rows_store.saved(state)
+    finally:
+        stream.stop.set()
+    history.meta["streaming"] = stream.stats.to_dict()
+    return (history, state) if return_state else history
 
-    spans, r = [], 0
-    while r < num_rounds:
-        end = min(num_rounds, _next_multiple(r, evaluation.every))
-        spans.append((r, end))
-        r = end
-    stats = StreamStats()
-    history = History(meta=dict(meta or {}))
-    q: queue.Queue = queue.Queue(maxsize=prefetch)
-    stop = threading.Event()
 
-    def produce():
+class _Stream:
+    """`simulate_streamed`'s chunks: each chunk's cohort rows (and host state rows) come
+    from a background thread that gathers them `prefetch` chunks ahead, from the chunk the
+    loop starts at."""
+
+    def __init__(
+        self,
+        *,
+        run_chunk: Callable[..., Any],
+        evaluator: Callable[..., Any] | None,
+        test: ArrayData | None,
+        source: ClientStore | Population,
+        plan: CohortPlan,
+        key: jax.Array,
+        counts: jax.Array | None,
+        rows_store: _RowStore | None,
+        chunk: int,
+        prefetch: int,
+        spans: Callable[[int], list[tuple[int, int]]],
+    ):
+        self.run_chunk, self.evaluator, self.test = run_chunk, evaluator, test
+        self.source, self.plan, self.key, self.counts = source, plan, key, counts
+        self.rows_store, self.chunk, self.spans = rows_store, chunk, spans
+        self.stats = StreamStats()
+        self.queue: queue.Queue = queue.Queue(maxsize=prefetch)
+        self.stop = threading.Event()
+        self.worker: threading.Thread | None = None
+
+    def _produce(self, spans: list[tuple[int, int]]) -> None:
+        source, rows_store, stats = self.source, self.rows_store, self.stats
         try:
             for i, (r0, r1) in enumerate(spans):
                 t0 = time.perf_counter()
-                ids = plan.cohorts(key, r0, r1 - r0)
+                ids = self.plan.cohorts(self.key, r0, r1 - r0)
                 ids = np.sort(np.asarray(ids).reshape(r1 - r0, -1), axis=1).astype(np.int32)
-                if ids.shape[0] < chunk:  # padded rounds are skipped by the chunk
-                    ids = np.concatenate([ids, np.repeat(ids[:1], chunk - ids.shape[0], 0)])
+                if ids.shape[0] < self.chunk:  # padded rounds are skipped by the chunk
+                    ids = np.concatenate([ids, np.repeat(ids[:1], self.chunk - ids.shape[0], 0)])
                 host: dict[str, np.ndarray] = {}
                 if isinstance(source, ClientStore):
                     flat = ids.reshape(-1)
@@ -456,7 +536,7 @@ def simulate_streamed(
                 sent = {"ids": ids, **host}
                 if rows_store is not None:
                     # chunks up to i - 2 written back; chunk i - 1's rows are patched in
-                    if not rows_store.wait_written(i - 1, stop):
+                    if not rows_store.wait_written(i - 1, self.stop):
                         return
                     sent["slots"], sent["rows"] = rows_store.gather(ids)
                 item = (ids, host, sent.get("slots"), sent.get("rows"))
@@ -467,74 +547,57 @@ def simulate_streamed(
                 stats.prefetch_seconds += dt
                 stats.first_chunk_seconds += dt if i == 0 else 0.0
                 stats.bytes_sent += sum(v.nbytes for v in jax.tree.leaves(sent))
-                while not stop.is_set():
+                while not self.stop.is_set():
                     try:
-                        q.put(item, timeout=0.1)
+                        self.queue.put(item, timeout=0.1)
                         break
                     except queue.Full:
                         continue
-                if stop.is_set():
+                if self.stop.is_set():
                     return
         except BaseException as e:  # handed to the main loop
-            q.put(e)
+            self.queue.put(e)
 
-    def do_eval(round_: int, state: Any) -> dict[str, float]:
-        values = {}
-        if evaluate is not None:
-            values = {k: float(v) for k, v in evaluate(state.params, test).items()}
-        history.append_eval(round_, values)  # as `simulate`: a row per evaluation point
-        return values
+    def run(self, state: Any, start: int, stop: int) -> tuple[Any, list[dict[str, np.ndarray]]]:
+        if self.worker is None:
+            self.worker = threading.Thread(
+                target=self._produce,
+                args=(self.spans(start),),
+                name="fedjax-sim-prefetch",
+                daemon=True,
+            )
+            self.worker.start()
+        t_wait = time.perf_counter()
+        item = self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        if self.stats.chunks > 0:
+            self.stats.stall_seconds += time.perf_counter() - t_wait
+        ids, host, slots, table = item
+        if self.rows_store is not None:
+            state = self.rows_store.enter(state, slots, table)
+        state, metrics = self.run_chunk(state, host, ids, self.counts, self.key, stop - start)
+        if self.rows_store is not None:  # the previous chunk's rows, while this one runs
+            t_back = time.perf_counter()
+            self.stats.bytes_returned += self.rows_store.write_back()
+            self.stats.writeback_seconds += time.perf_counter() - t_back
+        metrics = jax.tree.map(lambda m: np.asarray(m)[: stop - start], metrics)
+        if self.rows_store is not None:
+            self.rows_store.leave(state)
+        self.stats.chunks += 1
+        self.stats.chunk_seconds.append(time.perf_counter() - t_wait)  # incl. waiting for data
+        return state, [metrics]
 
-    bar = _progress(progress, num_rounds, 0)
-    worker = threading.Thread(target=produce, name="fedjax-sim-prefetch", daemon=True)
-    t_start = time.perf_counter()
-    try:
-        do_eval(0, state)
-        worker.start()
-        for i, (r0, r1) in enumerate(spans):
-            t_wait = time.perf_counter()
-            item = q.get()
-            if isinstance(item, BaseException):
-                raise item
-            if i > 0:
-                stats.stall_seconds += time.perf_counter() - t_wait
-            ids, host, slots, table = item
-            if rows_store is not None:
-                state = rows_store.enter(state, slots, table)
-            new_state, metrics = run_chunk(state, host, ids, counts_dev, key, r1 - r0)
-            if rows_store is not None:  # the previous chunk's rows, while this one runs
-                t_back = time.perf_counter()
-                stats.bytes_returned += rows_store.write_back()
-                stats.writeback_seconds += time.perf_counter() - t_back
-            metrics = jax.tree.map(lambda m: np.asarray(m)[: r1 - r0], metrics)
-            finite = np.asarray(metrics.pop("params_finite"))
-            history.append_rounds(r0 + 1, metrics)
-            if not finite.all():
-                bad = r0 + 1 + int(np.argmin(finite))
-                raise NonFiniteError(
-                    f"the global model became NaN/Inf at round {bad}; lower the learning "
-                    "rates, check the data, or check that the cohort plan covers every id the "
-                    "algorithm reads (missing clients read NaN features)"
-                )
-            state = new_state
-            if rows_store is not None:
-                rows_store.leave(state)
-            stats.chunks += 1
-            stats.chunk_seconds.append(time.perf_counter() - t_wait)  # incl. waiting for data
-            values = do_eval(r1, state) if r1 % evaluation.every == 0 or r1 == num_rounds else {}
-            if bar is not None:
-                bar.update(r1 - bar.n)
-                bar.set_postfix(_postfix(metrics, values), refresh=False)
-        if rows_store is not None:
-            stats.bytes_returned += rows_store.write_back()
-            state = rows_store.final_state(state)
-    finally:
-        stop.set()
-        if bar is not None:
-            bar.close()
-        history.meta["seconds"] = time.perf_counter() - t_start
-        history.meta["streaming"] = stats.to_dict()
-    return (history, state) if return_state else history
+    def evaluate(self, state: Any) -> list[dict[str, float]]:
+        if self.evaluator is None:
+            return [{}]  # as `simulate`: a row per evaluation point
+        return [{k: float(v) for k, v in self.evaluator(state.params, self.test).items()}]
+
+    def saved(self, state: Any) -> Any:
+        return state if self.rows_store is None else self.rows_store.saved(state)
+
+    def restored(self, tree: Any) -> Any:
+        return tree if self.rows_store is None else self.rows_store.restored(tree)
 
 
 @functools.lru_cache(maxsize=16)

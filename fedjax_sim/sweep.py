@@ -49,19 +49,12 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from fedjax_sim.algorithms.core import Algorithm, float_dtype, tree_all_finite
-from fedjax_sim.checkpoint import Checkpointer
 from fedjax_sim.data.federated import ArrayData, FederatedData, tree_size_bytes
 from fedjax_sim.history import History, _atomic_write, _jsonable
+from fedjax_sim.loop import check_run_args, chunk_length, run_loop
 from fedjax_sim.models.base import Model
 from fedjax_sim.parallel import ClientMap, batched_runs, client_mesh, fit_client_map
-from fedjax_sim.simulate import (
-    INIT_PURPOSE,
-    EvalSpec,
-    Interrupted,
-    _compiled_evaluator,
-    _next_multiple,
-    check_run_args,
-)
+from fedjax_sim.simulate import INIT_PURPOSE, EvalSpec, _compiled_evaluator
 
 HParams = dict[str, jax.Array]
 RUNS_AXIS = "runs"
@@ -551,7 +544,8 @@ def sweep(
         device.
       out_dir: results (`SweepResult.save`) are written there at the end.
       checkpoint_dir / checkpoint_every / resume: orbax checkpoints of all runs' states and
-        histories, as in `simulate` (resuming is bit-identical).
+        histories, as in `simulate` (`fedjax_sim.loop.run_loop`; resuming is bit-identical
+        and refuses a checkpoint of other seeds or grid points).
       progress: a tqdm bar over rounds x runs.
       privacy: `rounds -> epsilon` (e.g. `accounting.PrivacyAccounting(...).epsilon`), as in
         `simulate`: `epsilon` in every run's evaluation rows (the runs of a sweep share the
@@ -560,7 +554,7 @@ def sweep(
     Returns the `SweepResult` (histories per run; a run whose model became NaN/Inf keeps
     running and has `meta["nonfinite_round"]` set, the other runs are unaffected).
     """
-    check_run_args(num_rounds, evaluation, checkpoint_every, resume, checkpoint_dir)
+    check_run_args(num_rounds, evaluation.every, checkpoint_every, resume, checkpoint_dir)
     if runs_per_group is not None and runs_per_group < 1:
         raise ValueError(f"runs_per_group must be >= 1, got {runs_per_group}")
     runs = expand_grid(seeds, dict(grid or {}))
@@ -595,105 +589,35 @@ def sweep(
 
     init = _compiled_init(make_algorithm, model, group, params is not None, mesh)
     states = init(hps, keys, params)
-    histories = [
-        History(
-            meta={
-                **(meta or {}),
-                "seed": r.seed,
-                "hparams": r.hparams,
-                "label": r.label,
-                "run": r.index,
-            }
-        )
+    metas = [
+        {**(meta or {}), "seed": r.seed, "hparams": r.hparams, "label": r.label, "run": r.index}
         for r in runs
     ]
-    start = 0
-    ckpt = Checkpointer(checkpoint_dir) if checkpoint_dir else None
-
-    def real(tree: Any) -> Any:  # the real runs, without the mesh's padding copies
-        return jax.tree.map(lambda a: a[:num], tree)
-
-    if resume and ckpt is not None and ckpt.latest_round() is not None:
-        start, saved_states, saved_keys, saved = ckpt.restore(real(states), real(keys))
-        states = jax.tree.map(
-            lambda a: jnp.concatenate([a, a[-1:].repeat(len(padded) - num, 0)]), saved_states
-        )
-        if not np.array_equal(jax.random.key_data(saved_keys), jax.random.key_data(real(keys))):
-            raise ValueError("resume: the checkpoint was written by a sweep with other seeds")
-        if [r["label"] for r in saved["runs"]] != [r.label for r in runs]:
-            raise ValueError("resume: the checkpoint was written by a sweep with another grid")
-        histories = [History.from_dict(r) for r in saved["histories"]]
-
-    chunk = max(1, min(num_rounds, evaluation.every, checkpoint_every or num_rounds))
-    run_chunk = _compiled_sweep_chunk(make_algorithm, chunk, group, mesh)
-    evaluate = _compiled_sweep_evaluator(
-        model, evaluation, client_map, test is not None, group, mesh
+    chunk = chunk_length(num_rounds, evaluation.every, checkpoint_every)
+    source = _SweepChunks(
+        _compiled_sweep_chunk(make_algorithm, chunk, group, mesh),
+        _compiled_sweep_evaluator(model, evaluation, client_map, test is not None, group, mesh),
+        hps,
+        keys,
+        data,
+        test,
+        num,
     )
-
-    def do_eval(round_: int, states: Any) -> None:
-        results = jax.device_get(evaluate(states.params, data, test))
-        extra = {} if privacy is None else {"epsilon": float(privacy(round_))}
-        for i, h in enumerate(histories):
-            h.append_eval(round_, {**{k: float(v[i]) for k, v in results.items()}, **extra})
-
-    def save_ckpt(r: int) -> None:
-        ckpt.save(
-            r,
-            real(states),
-            real(keys),
-            {
-                "runs": [dataclasses.asdict(x) for x in runs],
-                "histories": [h.to_dict() for h in histories],
-            },
-        )
-
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
-            total=num_rounds * num, initial=start * num, unit="run-round", dynamic_ncols=True
-        )
     t0 = time.perf_counter()
-    r = last_saved = start
-    try:
-        if start == 0 and not histories[0].evals:
-            do_eval(0, states)
-        while r < num_rounds:
-            end = min(
-                num_rounds,
-                _next_multiple(r, evaluation.every),
-                _next_multiple(r, checkpoint_every) if checkpoint_every else num_rounds,
-            )
-            new_states, metrics = run_chunk(states, hps, data, keys, end - r)
-            metrics = jax.tree.map(lambda m: np.asarray(m[: end - r]), jax.device_get(metrics))
-            finite = metrics.pop("params_finite")  # [n, R]
-            for i, h in enumerate(histories):
-                h.append_rounds(r + 1, {k: v[:, i] for k, v in metrics.items()})
-                if not finite[:, i].all() and "nonfinite_round" not in h.meta:
-                    h.meta["nonfinite_round"] = r + 1 + int(np.argmin(finite[:, i]))
-            states, r = new_states, end
-            if r % evaluation.every == 0 or r == num_rounds:
-                do_eval(r, states)
-            if bar is not None:
-                bar.update(r * num - bar.n)
-                if "train_loss" in metrics:
-                    bar.set_postfix(
-                        loss=f"{np.nanmean(metrics['train_loss'][-1]):.4f}", refresh=False
-                    )
-            if ckpt and checkpoint_every and (r % checkpoint_every == 0 or r == num_rounds):
-                save_ckpt(r)
-                last_saved = r
-    except KeyboardInterrupt:
-        if ckpt and r > last_saved:
-            save_ckpt(r)
-        saved = ckpt is not None and ckpt.latest_round() is not None
-        raise Interrupted(r, ckpt.directory if saved else None) from None
-    finally:
-        if bar is not None:
-            bar.close()
-        if ckpt:
-            ckpt.close()
+    histories, states = run_loop(
+        source,
+        states,
+        source.saved(keys),
+        metas,
+        num_rounds=num_rounds,
+        every=evaluation.every,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        progress=progress,
+        privacy=privacy,
+        nonfinite="mark",
+    )
     seconds = time.perf_counter() - t0
     result = SweepResult(
         runs,
@@ -706,8 +630,38 @@ def sweep(
             "num_rounds": num_rounds,
             "devices": shards,
         },
-        real(states),
+        source.saved(states),
     )
     if out_dir:
         result.save(out_dir)
     return result
+
+
+@dataclasses.dataclass(frozen=True)
+class _SweepChunks:
+    """`sweep`'s chunks: every run's rounds at once; `num` real runs, then the mesh's
+    padding copies of the last run (neither checkpointed nor reported)."""
+
+    run_chunk: Callable[..., Any]
+    evaluator: Callable[..., Any]
+    hps: HParams
+    keys: jax.Array
+    data: FederatedData
+    test: ArrayData | None
+    num: int
+
+    def run(self, states: Any, start: int, stop: int) -> tuple[Any, list[dict[str, np.ndarray]]]:
+        states, metrics = self.run_chunk(states, self.hps, self.data, self.keys, stop - start)
+        metrics = jax.tree.map(lambda m: np.asarray(m[: stop - start]), jax.device_get(metrics))
+        return states, [{k: v[:, i] for k, v in metrics.items()} for i in range(self.num)]
+
+    def evaluate(self, states: Any) -> list[dict[str, float]]:
+        results = jax.device_get(self.evaluator(states.params, self.data, self.test))
+        return [{k: float(v[i]) for k, v in results.items()} for i in range(self.num)]
+
+    def saved(self, states: Any) -> Any:
+        return jax.tree.map(lambda a: a[: self.num], states)
+
+    def restored(self, tree: Any) -> Any:
+        pad = self.keys.shape[0] - self.num
+        return jax.tree.map(lambda a: jnp.concatenate([a, a[-1:].repeat(pad, 0)]), tree)

@@ -250,7 +250,8 @@ def sweep_command(cfg: SweepConfig, explicit: set[str] | None = None) -> int:
     except (ValueError, TypeError, FileNotFoundError) as e:
         raise UsageError(str(e)) from e
     check_abstract(cfg, grid, dataset, model, make_algorithm, client_map, privacy is not None)
-    from fedjax_sim.simulate import EvalSpec, Interrupted
+    from fedjax_sim.loop import Interrupted
+    from fedjax_sim.simulate import EvalSpec
     from fedjax_sim.sweep import expand_grid, sweep
 
     runs = expand_grid(range(cfg.seed, cfg.seed + cfg.seeds), grid)

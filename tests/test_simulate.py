@@ -64,7 +64,8 @@ def test_chunks_donate_the_state_but_never_the_callers_arrays(digits):
     """A chunk reuses its input state's buffers (per-client rows updated in place, not
     copied once per chunk): the input arrays are deleted after the call. `simulate` first
     copies the state, so the params a caller passes in stay usable."""
-    from fedjax_sim.simulate import _compiled_chunk, owned
+    from fedjax_sim.loop import owned
+    from fedjax_sim.simulate import _compiled_chunk
 
     model, alg = _setup(digits)
     key = jax.random.key(3)
