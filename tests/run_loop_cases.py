@@ -1,12 +1,14 @@
 """Small runs of every driver whose histories `test_run_loop.py` pins bit for bit.
 
-`python tests/run_loop_cases.py` records them into `tests/run_loop_pins.npz` (float32, on this
-machine: XLA:CPU compiles for the host's instruction set, so a pin recorded elsewhere may
-differ in the last bits). Recorded with the three drivers before they shared one loop.
+`python tests/run_loop_cases.py` records them into `tests/run_loop_pins.npz` and the
+machine's fingerprint into `tests/run_loop_pins.json` (float32 training histories: XLA:CPU
+compiles for the host's instruction set, so on another machine they differ in the last bits,
+and over rounds by more). Recorded with the three drivers before they shared one loop.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -25,6 +27,7 @@ from fedjax_sim.streaming import AlgorithmCohorts, simulate_streamed
 from fedjax_sim.sweep import sweep
 
 PINS = os.path.join(os.path.dirname(__file__), "run_loop_pins.npz")
+PINS_RECORD = os.path.join(os.path.dirname(__file__), "run_loop_pins.json")
 C, M, ROUNDS = 24, 4, 7  # chunks of 3, 3, 1 rounds
 LOCAL = LocalSpec(steps=2, batch_size=8)
 
@@ -147,4 +150,9 @@ if __name__ == "__main__":
     os.environ.setdefault("FEDJAX_SIM_AUTOTUNE", "0")
     arrays = {k: v for name in CASES for k, v in record(name).items()}
     np.savez(PINS, **arrays)
+    import machine
+
+    with open(PINS_RECORD, "w") as f:
+        json.dump({"fingerprint": machine.fingerprint()}, f, indent=1, sort_keys=True)
+        f.write("\n")
     print(f"{len(arrays)} arrays -> {PINS}")

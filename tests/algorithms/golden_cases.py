@@ -10,12 +10,8 @@ may not.
 
 from __future__ import annotations
 
-import os
-import platform
-
 import jax
 import jax.numpy as jnp
-import jaxlib
 import numpy as np
 import optax
 
@@ -354,31 +350,3 @@ def run_case(name: str, rounds: int | None = None):
 
 def case_names() -> list[str]:
     return list(_cases())
-
-
-# The CPU features that change XLA:CPU's float arithmetic: vector widths (how reductions are
-# split) and fused multiply-add (one rounding instead of two).
-_ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512dq", "avx512bw", "avx512vl")
-
-
-def machine_fingerprint() -> dict:
-    """What must match for results to be bit-identical: jax, jaxlib, the CPU, its ISA and its
-    core count (Eigen splits a dot's work by threads)."""
-    model, flags = "", set()
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and not model:
-                    model = value.strip()
-                elif key.strip() == "flags" and not flags:
-                    flags = set(value.split())
-    return {
-        "jax": jax.__version__,
-        "jaxlib": jaxlib.__version__,
-        "machine": platform.machine(),
-        "cpu": model,
-        "cpus": os.cpu_count(),
-        "isa": [f for f in _ISA_FLAGS if f in flags],
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
-    }

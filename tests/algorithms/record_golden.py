@@ -19,7 +19,7 @@ import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("FEDJAX_SIM_AUTOTUNE", "0")  # as in tests/conftest.py
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path[:0] = [os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__))]
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 
 import golden_cases  # noqa: E402
+import machine  # noqa: E402
 
 GOLDEN_DIR = os.path.join(os.path.dirname(__file__), "golden")
 
@@ -58,7 +59,7 @@ def record_current() -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
-    record = {"fingerprint": golden_cases.machine_fingerprint(), "commit": commit}
+    record = {"fingerprint": machine.fingerprint(), "commit": commit}
     with open(os.path.join(GOLDEN_DIR, "current.json"), "w") as f:
         json.dump(record, f, indent=1, sort_keys=True)
         f.write("\n")

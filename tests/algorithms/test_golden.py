@@ -12,17 +12,18 @@ Metrics the old implementation did not report are not compared; every metric it 
 must still be there.
 """
 
-import json
 import os
 
 import golden_cases
 import jax
+import machine
 import numpy as np
 import pytest
 
 GOLDEN_DIR = os.path.join(os.path.dirname(__file__), "golden")
 GOLDEN = os.path.join(GOLDEN_DIR, "presets.npz")
 CURRENT = os.path.join(GOLDEN_DIR, "current.npz")
+CURRENT_RECORD = os.path.join(GOLDEN_DIR, "current.json")
 
 # case -> (max ulps, reason)
 ULPS: dict[str, tuple[int, str]] = {
@@ -44,11 +45,6 @@ ULPS: dict[str, tuple[int, str]] = {
 # fedasync_bernoulli 3, the two cases and the 3 ulps a 2-core AMD EPYC (AVX2) showed; the
 # machine that recorded `presets.npz` against this one: 0 beyond `ULPS` but fp_fedprox_exact 2.
 CROSS_MACHINE_ULPS = 3
-
-
-def _same_machine_as_current() -> bool:
-    with open(os.path.join(GOLDEN_DIR, "current.json")) as f:
-        return json.load(f)["fingerprint"] == golden_cases.machine_fingerprint()
 
 
 def _golden(name, path=GOLDEN):
@@ -89,7 +85,7 @@ def _assert_pinned(name, params, metrics, old_params, old_metrics, maxulp):
 def test_preset_equals_replaced_implementation_and_current_pin(name):
     with jax.enable_x64(True):
         params, metrics = golden_cases.run_case(name)
-    cross = 0 if _same_machine_as_current() else CROSS_MACHINE_ULPS
+    cross = 0 if machine.same_machine(CURRENT_RECORD) else CROSS_MACHINE_ULPS
     # the old implementation's machine is not known: its pins always allow for another machine
     _assert_pinned(
         name, params, metrics, *_golden(name), ULPS.get(name, (0, ""))[0] + CROSS_MACHINE_ULPS
