@@ -62,11 +62,9 @@ from fedjax_sim.algorithms.core import (
     tree_sq_norm,
     tree_sub,
 )
-from fedjax_sim.data.federated import Batch, FederatedData, tree_size_bytes
+from fedjax_sim.data.federated import FederatedData, tree_size_bytes
 from fedjax_sim.data.store import is_rows
 from fedjax_sim.parallel import ClientMap
-
-ValueAndGrad = Callable[[Params, Batch], tuple[jax.Array, Params]]
 
 
 # ------------------------------------------------------------------------------ values
