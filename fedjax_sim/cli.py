@@ -17,7 +17,7 @@ from typing import Literal
 
 import tyro
 
-from fedjax_sim import autotune, extras, validate
+from fedjax_sim import autotune, extras, memory, validate
 from fedjax_sim.bench.config import BenchConfig
 from fedjax_sim.config import (
     RunConfig,
@@ -226,7 +226,7 @@ def _check_loaded(cfg: RunConfig, dataset, model, client_map, mesh) -> None:
     cohort = cfg.cohort_size or cfg.num_clients
     shards = 1 if mesh is None else int(np.prod(list(mesh.shape.values())))
     _, live = client_map.resolve(-(-cohort // shards))  # clients computed at once
-    available = validate.available_memory_bytes(jax.devices()[0])
+    available = memory.available_bytes(jax.devices()[0])
     validate.check_memory(pcb, live, available, what=f"--batch-size {batch}: ")
 
 

@@ -24,7 +24,7 @@ from typing import Annotated, Any
 
 import tyro
 
-from fedjax_sim import validate
+from fedjax_sim import memory, validate
 from fedjax_sim.config import (
     RunConfig,
     algorithm_factory,
@@ -200,7 +200,7 @@ def check_abstract(
     validate.check_memory(
         2 * tree_size_bytes(state),  # the states in and out of a chunk
         runs,
-        validate.available_memory_bytes(jax.devices()[0]),
+        memory.available_bytes(jax.devices()[0]),
         what=f"--seeds {cfg.seeds} x {runs // cfg.seeds} grid points: ",
         items="runs",
         advice="lower --seeds or the number of grid values",

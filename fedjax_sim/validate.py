@@ -554,24 +554,6 @@ def check_memory(
     return need
 
 
-def available_memory_bytes(device: Any = None) -> int | None:
-    """Free memory for the run: the accelerator's free bytes, or MemAvailable on CPU."""
-    if device is not None and getattr(device, "platform", "cpu") != "cpu":
-        try:
-            stats = device.memory_stats() or {}
-            return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
-        except (KeyError, TypeError, RuntimeError):
-            return None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def per_client_bytes(
     param_bytes: int, example_bytes: int, activation_bytes: int, batch_size: int, rows: int
 ) -> int:
