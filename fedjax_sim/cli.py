@@ -22,7 +22,6 @@ from fedjax_sim.bench.config import BenchConfig
 from fedjax_sim.config import (
     RunConfig,
     build_run,
-    check_config,
     explicit_fields,
     parse_hparams,
     privacy_accounting,
@@ -46,11 +45,10 @@ class ListConfig:
 def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
     """`fedjax-sim run`; `explicit` names the fields set on the command line or in --config
     (default: those that differ from the defaults)."""
-    out_dir = validate.check_run(cfg)  # every generic check; nothing created
+    out_dir = validate.check_run(cfg)  # every check of the config; nothing created
     checkpoint_dir = os.path.join(out_dir, "checkpoints")
     resume_round = _check_resume(cfg, checkpoint_dir)
     try:
-        check_config(cfg)
         mesh = setup_devices(cfg)
         dataset, model, algorithm, client_map = build_run(cfg, mesh, explicit)
         privacy = privacy_accounting(cfg, dataset.train.num_clients)

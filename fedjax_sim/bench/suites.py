@@ -24,7 +24,7 @@ from typing import Any
 import jax
 
 import fedjax_sim
-from fedjax_sim import algorithms, distributed
+from fedjax_sim import algorithms, distributed, validate
 from fedjax_sim.bench import measure, plots, report, runner, worker
 from fedjax_sim.bench.config import SUITES, BenchConfig
 from fedjax_sim.bench.results import validate_row, write_rows
@@ -149,10 +149,7 @@ class Session:
     """Runs measurements for the suites of one `fedjax-sim bench` call."""
 
     def __init__(self, cfg: BenchConfig, log: Callable[[str], None] = print):
-        if cfg.repeats < 3:
-            raise ValueError(
-                f"--repeats must be >= 3 (median and min over >= 3), got {cfg.repeats}"
-            )
+        validate.check_fields(cfg)  # e.g. --repeats >= 3 (median and min over >= 3)
         self.cfg = cfg
         self.log = log
         self.budget = (
