@@ -17,12 +17,11 @@ from typing import Literal
 
 import tyro
 
-from fedjax_sim import autotune, extras, validate
+from fedjax_sim import autotune, extras, memory, validate
 from fedjax_sim.bench.config import BenchConfig
 from fedjax_sim.config import (
     RunConfig,
     build_run,
-    check_config,
     explicit_fields,
     parse_hparams,
     privacy_accounting,
@@ -46,11 +45,10 @@ class ListConfig:
 def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
     """`fedjax-sim run`; `explicit` names the fields set on the command line or in --config
     (default: those that differ from the defaults)."""
-    out_dir = validate.check_run(cfg)  # every generic check; nothing created
+    out_dir = validate.check_run(cfg)  # every check of the config; nothing created
     checkpoint_dir = os.path.join(out_dir, "checkpoints")
     resume_round = _check_resume(cfg, checkpoint_dir)
     try:
-        check_config(cfg)
         mesh = setup_devices(cfg)
         dataset, model, algorithm, client_map = build_run(cfg, mesh, explicit)
         privacy = privacy_accounting(cfg, dataset.train.num_clients)
@@ -227,7 +225,7 @@ def _check_loaded(cfg: RunConfig, dataset, model, client_map, mesh) -> None:
     cohort = cfg.cohort_size or cfg.num_clients
     shards = 1 if mesh is None else int(np.prod(list(mesh.shape.values())))
     _, live = client_map.resolve(-(-cohort // shards))  # clients computed at once
-    available = validate.available_memory_bytes(jax.devices()[0])
+    available = memory.available_bytes(jax.devices()[0])
     validate.check_memory(pcb, live, available, what=f"--batch-size {batch}: ")
 
 

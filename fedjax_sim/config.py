@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib
 import inspect
 import math
 import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Literal
 
-from fedjax_sim import extras, validate
-from fedjax_sim.validate import UsageError
+from fedjax_sim import validate
+from fedjax_sim.validate import UsageError, algorithm_factory
 
 
 @dataclasses.dataclass
@@ -148,52 +147,6 @@ class RunConfig:
     """Show a progress bar."""
 
 
-def check_config(cfg: RunConfig) -> None:
-    """Raises UsageError for impossible generic settings (before anything is built)."""
-    from fedjax_sim import data, models
-
-    algorithm_factory(cfg.algorithm)
-    if not data.is_registered(cfg.dataset):
-        raise UsageError(
-            f"unknown dataset {cfg.dataset!r}; choose from {sorted(data.DATASETS)} "
-            f"or tfds:<catalogue name>"
-        )
-    if cfg.model not in models.MODELS:
-        raise UsageError(f"unknown model {cfg.model!r}; choose from {sorted(models.MODELS)}")
-    if cfg.dp_clip is not None:
-        extras.require("privacy", "--dp-clip")
-    if data.needs_tfds(cfg.dataset):
-        extras.require("tfds", f"--dataset {cfg.dataset}")
-    positive = {
-        "rounds": cfg.rounds,
-        "num_clients": cfg.num_clients,
-        "local_steps": cfg.local_steps,
-        "batch_size": cfg.batch_size,
-        "eval_every": cfg.eval_every,
-    }
-    for name, value in positive.items():
-        if value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    for name, value in {"client_lr": cfg.client_lr, "server_lr": cfg.server_lr}.items():
-        if not value > 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {value}")
-    if cfg.cohort_size is not None:
-        if cfg.cohort_size < 1:
-            raise UsageError(f"--cohort-size must be >= 1, got {cfg.cohort_size}")
-        if cfg.cohort_size > cfg.num_clients and cfg.cohort_sampling == "uniform":
-            raise UsageError(
-                f"--cohort-size {cfg.cohort_size} exceeds --num-clients {cfg.num_clients}"
-            )
-    if cfg.alpha <= 0 and cfg.partition == "dirichlet" and cfg.dataset != "shakespeare":
-        raise UsageError(f"--alpha must be > 0, got {cfg.alpha}")
-    if cfg.mu < 0:
-        raise UsageError(f"--mu must be >= 0, got {cfg.mu}")
-    if not 0 <= cfg.straggler_fraction <= 1:
-        raise UsageError(f"--straggler-fraction must be in [0, 1], got {cfg.straggler_fraction}")
-    if cfg.devices is not None and cfg.devices < 1:
-        raise UsageError(f"--devices must be >= 1, got {cfg.devices}")
-
-
 def parse_hparams(items: Sequence[str], flag: str = "--hparams") -> dict[str, object]:
     """`["momentum=0.9", "server=adam"]` -> `{"momentum": 0.9, "server": "adam"}`."""
     out: dict[str, object] = {}
@@ -247,7 +200,7 @@ def build_run(cfg: RunConfig, mesh=None, explicit: Collection[str] | None = None
 
     from fedjax_sim import data, models
 
-    check_config(cfg)
+    validate.check_config(cfg)
     load_kwargs: dict[str, object] = {"num_clients": cfg.num_clients, "seed": cfg.seed}
     if cfg.dataset == "fedprox_synthetic":
         load_kwargs.update(alpha=cfg.alpha, beta=cfg.alpha)
@@ -319,38 +272,6 @@ ALGORITHM_FLAGS: dict[str, str] = {
     "byzantine_fraction": "attack",
     "attack_args": "attack",
 }
-
-
-def algorithm_factory(name: str) -> Callable[..., Any]:
-    """The factory `--algorithm name` names: a registered preset, or `module:attribute` (a
-    user's own factory, imported; `attribute` may be dotted). UsageError (one line) for an
-    unknown name, a module that cannot be imported or a missing or non-callable attribute."""
-    from fedjax_sim import algorithms
-
-    if name in algorithms.ALGORITHMS:
-        return algorithms.ALGORITHMS[name]
-    module, sep, attribute = name.partition(":")
-    if not sep:
-        raise UsageError(
-            f"unknown algorithm {name!r}; choose from {sorted(algorithms.ALGORITHMS)} or give "
-            "your own factory as module:attribute"
-        )
-    try:
-        factory = importlib.import_module(module)
-    except Exception as e:  # ImportError, or the module's own error while importing
-        raise UsageError(f"--algorithm {name}: cannot import {module!r} ({_one_line(e)})") from e
-    for part in attribute.split("."):
-        if not hasattr(factory, part):
-            raise UsageError(f"--algorithm {name}: {module!r} has no attribute {attribute!r}")
-        factory = getattr(factory, part)
-    if not callable(factory):
-        raise UsageError(f"--algorithm {name}: {attribute!r} is not a callable factory")
-    return factory
-
-
-def _one_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
 
 
 def explicit_fields(cfg: RunConfig) -> set[str]:

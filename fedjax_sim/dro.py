@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fedjax_sim.algorithms.compose import positive
 from fedjax_sim.algorithms.fgdro import kl_objective, topk_mean
+from fedjax_sim.checks import positive
 from fedjax_sim.data.federated import ArrayData, Batch, FederatedData
 from fedjax_sim.history import History
 from fedjax_sim.models.base import Model

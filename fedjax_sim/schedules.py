@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_sim.checks import positive
+
 Schedule = Callable[[jax.Array], jax.Array]
 LearningRate = float | Schedule
 
@@ -44,25 +46,17 @@ def _dtype():
     return jax.dtypes.canonicalize_dtype(jnp.float64)
 
 
-def _positive(name: str, value: float) -> None:
-    """A concrete value must be a finite number > 0; traced values (sweeps) pass."""
-    if isinstance(value, jax.core.Tracer):
-        return
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-
-
 # ------------------------------------------------------------------------------ schedules
 def constant(value: float) -> Schedule:
     """`s_k = value` for every round."""
-    _positive("step size", value)
+    positive("step size", value)
     return lambda count: jnp.full(jnp.shape(count), value, _dtype())
 
 
 def fixed(c: float, num_rounds: int) -> Schedule:
     """Theorem 1's fixed schedule `s_k = c / sqrt(K)` for a run of `K = num_rounds` rounds
     (the paper's experiments: c = 2, K = 400, s = 0.1)."""
-    _positive("c", c)
+    positive("c", c)
     if not (isinstance(num_rounds, int) and num_rounds >= 1):
         raise ValueError(f"num_rounds must be an int >= 1, got {num_rounds!r}")
     return constant(c / math.sqrt(num_rounds))
@@ -71,8 +65,8 @@ def fixed(c: float, num_rounds: int) -> Schedule:
 def diminishing(c: float, nu: float) -> Schedule:
     """Theorem 2's `s_k = c / (k + 1)^nu`, nu in (1/2, 1) for the theory (the experiments:
     c = 0.8, nu = 0.51). Any nu > 0 is accepted (the schedule is still non-increasing)."""
-    _positive("c", c)
-    _positive("nu", nu)
+    positive("c", c)
+    positive("nu", nu)
 
     def schedule(count):
         k = jnp.asarray(count).astype(_dtype())
@@ -85,7 +79,7 @@ def step_decay(s0: float, rho: float, period: int) -> Schedule:
     """Theorem 3's `s_k = s0 / rho^floor(k / P)` with rho > 1 and phase length
     `P = period` (the experiments: s0 = 0.8, rho = 2, P = 50; the theory:
     `P = theory_phase_length(K, rho)`)."""
-    _positive("s0", s0)
+    positive("s0", s0)
     if not (isinstance(rho, (int, float)) and rho > 1):
         raise ValueError(f"step-decay rho must be > 1, got {rho!r}")
     if not (isinstance(period, int) and period >= 1):
@@ -110,7 +104,7 @@ def round_decay(lr0: float = 0.1, decay: float = 0.998) -> Schedule:
 
     `optax.exponential_decay` evaluated at the counter cast to the default float dtype (an
     int32 counter would make it float32 even under float64)."""
-    _positive("initial learning rate", lr0)
+    positive("initial learning rate", lr0)
     if not isinstance(decay, jax.core.Tracer) and not 0 < decay <= 1:
         raise ValueError(f"learning-rate decay must be in (0, 1], got {decay}")
     schedule = optax.exponential_decay(lr0, transition_steps=1, decay_rate=decay)
@@ -149,7 +143,7 @@ def client_sgd(
     `client_sgd(schedule, scale=1 / T)`."""
     check_lr(lr)
     check_weight_decay(weight_decay)
-    _positive("scale", scale)
+    positive("scale", scale)
 
     def optimizer(round_: jax.Array) -> optax.GradientTransformation:
         sgd = optax.sgd(lr_at(lr, round_) if scale == 1 else scale * lr_at(lr, round_))
@@ -188,7 +182,7 @@ def _ef_factor(delta: float) -> float:
 
 def fedavg_cap(lipschitz: float) -> float:
     """Proposition 1: `s_k <= 1 / (sqrt6 L)` (local lr `s_k / T`)."""
-    _positive("L", lipschitz)
+    positive("L", lipschitz)
     return 1.0 / (SQRT6 * lipschitz)
 
 
@@ -200,7 +194,7 @@ def fedprox_cap(lipschitz: float) -> float:
 def ef_fedavg_cap(lipschitz: float, delta: float) -> float:
     """Proposition 3: `a_hat = (1/L) min(1/6, sqrt(3 delta / (64 (1-delta)(1+2/delta))))`
     (the square root is +inf for delta = 1, spec 7.8)."""
-    _positive("L", lipschitz)
+    positive("L", lipschitz)
     factor = _ef_factor(delta)
     root = math.inf if factor == 0 else math.sqrt(3.0 * delta / (64.0 * factor))
     return min(1.0 / 6.0, root) / lipschitz
@@ -209,7 +203,7 @@ def ef_fedavg_cap(lipschitz: float, delta: float) -> float:
 def ef_fedprox_cap(lipschitz: float, delta: float) -> float:
     """Proposition 4: `g_bar = min(1/(6L), sqrt(delta / C1) / 2)`,
     `C1 = (1-delta)(1+2/delta)(4 + 4L^2/3)`."""
-    _positive("L", lipschitz)
+    positive("L", lipschitz)
     c1 = _ef_factor(delta) * (4.0 + 4.0 * lipschitz**2 / 3.0)
     root = math.inf if c1 == 0 else 0.5 * math.sqrt(delta / c1)
     return min(1.0 / (6.0 * lipschitz), root)

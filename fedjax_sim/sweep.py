@@ -52,6 +52,7 @@ from fedjax_sim.algorithms.core import Algorithm, float_dtype, tree_all_finite
 from fedjax_sim.data.federated import ArrayData, FederatedData, tree_size_bytes
 from fedjax_sim.history import History, _atomic_write, _jsonable
 from fedjax_sim.loop import check_run_args, chunk_length, run_loop
+from fedjax_sim.memory import default_budget_bytes
 from fedjax_sim.models.base import Model
 from fedjax_sim.parallel import ClientMap, batched_runs, client_mesh, fit_client_map
 from fedjax_sim.simulate import INIT_PURPOSE, EvalSpec, _compiled_evaluator
@@ -259,22 +260,6 @@ def _compiled_sweep_evaluator(
 
 
 # ------------------------------------------------------------------------------ memory plan
-def default_budget_bytes() -> int:
-    """Device memory limit / 2 on accelerators; min(8 GiB, MemAvailable / 2) on CPU."""
-    if jax.default_backend() != "cpu":
-        stats = jax.devices()[0].memory_stats() or {}
-        if "bytes_limit" in stats:
-            return int(stats["bytes_limit"]) // 2
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(min(8 * 2**30, int(line.split()[1]) * 1024 / 2))
-    except OSError:
-        pass
-    return 4 * 2**30
-
-
 def per_run_bytes(make_algorithm: MakeAlgorithm, state: Any, hp: HParams, data, key) -> int:
     """Working memory of one run's round: XLA's temporaries + outputs of a compiled
     single-run step (abstract shapes; the cohort mapped as inside a vmapped group of runs),
@@ -538,7 +523,7 @@ def sweep(
       seeds: a count n (seeds 0..n-1) or the seeds themselves.
       grid: `{name: values}` of numeric hyper-parameters (their product is swept).
       runs_per_group: runs vmapped together (the rest are `lax.map`-ed in groups); default:
-        planned from `memory_budget_bytes` (default `default_budget_bytes()`) by
+        planned from `memory_budget_bytes` (default `memory.default_budget_bytes`) by
         `parallel.fit_client_map` (per device with a `mesh`).
       mesh: shard the runs over this mesh's devices (`runs_mesh`; axis "runs"); None: one
         device.
@@ -564,7 +549,7 @@ def sweep(
     shards = 1 if mesh is None else int(mesh.shape[RUNS_AXIS])
     padded = runs + [runs[-1]] * (-num % shards)  # copies of the last run, dropped at the end
     hps, keys = _stack_hparams(padded), _stack_keys(padded)
-    budget = memory_budget_bytes or default_budget_bytes()
+    budget = memory_budget_bytes or default_budget_bytes(jax.devices()[0])
     sig = (
         make_algorithm,
         model,

@@ -24,13 +24,11 @@ from typing import Annotated, Any
 
 import tyro
 
-from fedjax_sim import validate
+from fedjax_sim import memory, validate
 from fedjax_sim.config import (
     RunConfig,
-    algorithm_factory,
     algorithm_kwargs,
     build_run,
-    check_config,
     hyper_parameters,
     privacy_accounting,
     privacy_record,
@@ -116,7 +114,7 @@ def check_grid(cfg: RunConfig, grid: dict[str, list[float]]) -> None:
     or a value the run command rejects (no compilation; before the data is loaded)."""
     from fedjax_sim import algorithms
 
-    takes = hyper_parameters(algorithm_factory(cfg.algorithm))
+    takes = hyper_parameters(validate.algorithm_factory(cfg.algorithm))
     numeric = {
         n for n, p in takes.items() if isinstance(p.default, int | float) and p.default is not True
     }
@@ -137,8 +135,7 @@ def check_grid(cfg: RunConfig, grid: dict[str, list[float]]) -> None:
         if name in GRID_FLAGS:  # the run command's own checks of that flag (e.g. client_lr > 0)
             for v in values:
                 try:
-                    validate.check_fields(dataclasses.replace(cfg, **{name: v}))
-                    check_config(dataclasses.replace(cfg, **{name: v}))
+                    validate.check_config(dataclasses.replace(cfg, **{name: v}))
                 except UsageError as e:
                     raise UsageError(f"--grid {name}={v:g}: {e}") from None
 
@@ -152,7 +149,7 @@ def build_sweep(
     first built statically, so the factories' own value checks run before compiling."""
     dataset, model, _, client_map = build_run(cfg, None, explicit)
     kwargs = algorithm_kwargs(cfg, explicit, data=dataset.train, client_map=client_map)
-    factory = algorithm_factory(cfg.algorithm)
+    factory = validate.algorithm_factory(cfg.algorithm)
 
     def make_algorithm(hparams: dict[str, Any]):
         args = dict(kwargs)
@@ -200,7 +197,7 @@ def check_abstract(
     validate.check_memory(
         2 * tree_size_bytes(state),  # the states in and out of a chunk
         runs,
-        validate.available_memory_bytes(jax.devices()[0]),
+        memory.available_bytes(jax.devices()[0]),
         what=f"--seeds {cfg.seeds} x {runs // cfg.seeds} grid points: ",
         items="runs",
         advice="lower --seeds or the number of grid values",
@@ -240,7 +237,6 @@ def sweep_command(cfg: SweepConfig, explicit: set[str] | None = None) -> int:
     if cfg.resume:
         _check_resume(checkpoint_dir)
     try:
-        check_config(cfg)
         from fedjax_sim.sweep import RUNS_AXIS  # jax imported, no device touched yet
 
         mesh = setup_devices(cfg, RUNS_AXIS)  # --devices shards the runs axis

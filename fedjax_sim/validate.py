@@ -4,12 +4,15 @@ Pure functions over config dataclasses (`RunConfig`, `BenchConfig`, any future o
 sweep config): they read fields by name and type, so a new config gets the generic checks
 (every float finite, every int in range, paths writable) by declaring its fields. Each
 failure raises `UsageError` with one line naming the flag (`--field-name`) and the problem.
+The ranges are `checks.Range`s, the value checks the algorithms use for their
+hyper-parameters.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import inspect
 import json
 import math
@@ -21,9 +24,15 @@ import typing
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Literal
 
-FLOAT32_MAX = 3.4028234663852886e38
-INT32_MAX = 2**31 - 1
-UINT32_MAX = 2**32 - 1
+from fedjax_sim.checks import (
+    FLOAT32_MAX,
+    INT32_MAX,
+    NONNEG,
+    POSITIVE,
+    POSITIVE_INT,
+    UINT32_MAX,
+    Range,
+)
 
 
 class UsageError(ValueError):
@@ -36,44 +45,6 @@ def flag(name: str) -> str:
 
 
 # ------------------------------------------------------------------------------ field rules
-@dataclasses.dataclass(frozen=True)
-class Range:
-    """Allowed interval of a numeric field (or of each element of a tuple field)."""
-
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False
-    hi_open: bool = False
-
-    def check(self, name: str, value: float, label: str | None = None) -> None:
-        """Raises UsageError naming `label` (default: the flag of `name`) if `value` is
-        outside the interval."""
-        bad_lo = self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo)
-        bad_hi = self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi)
-        if bad_lo or bad_hi:
-            raise UsageError(f"{label or flag(name)} must be {self.describe(bad_lo)}, got {value}")
-
-    def describe(self, low_side: bool = True) -> str:
-        """`>= 1`, `<= 4294967295` (technical maxima: only the violated side) or `in [0, 1]`."""
-        lo, hi = self.lo, self.hi
-        if hi in (INT32_MAX, UINT32_MAX):
-            lo, hi = (lo, None) if low_side else (None, hi)
-        if hi is None:
-            return f"{'>' if self.lo_open else '>='} {_num(lo)}"
-        if lo is None:
-            return f"{'<' if self.hi_open else '<='} {_num(hi)}"
-        left, right = "(" if self.lo_open else "[", ")" if self.hi_open else "]"
-        return f"in {left}{_num(lo)}, {_num(hi)}{right}"
-
-
-def _num(x: float | None) -> str:
-    return str(int(x)) if x is not None and float(x).is_integer() else str(x)
-
-
-POSITIVE_INT = Range(1, INT32_MAX)
-NONNEG = Range(0)
-POSITIVE = Range(0, lo_open=True)
-
 # Rules by field name, shared by every config that has a field of that name.
 RULES: dict[str, Range] = {
     # run
@@ -144,7 +115,9 @@ def check_fields(cfg: Any, rules: Mapping[str, Range] = RULES) -> None:
             if isinstance(item, float):
                 check_finite(f.name, item)
             if f.name in rules and isinstance(item, (int, float)) and not isinstance(item, bool):
-                rules[f.name].check(f.name, item)
+                problem = rules[f.name].violation(item)
+                if problem:
+                    raise UsageError(f"{flag(f.name)} must be {problem}, got {item}")
 
 
 def check_finite(name: str, value: float) -> None:
@@ -370,8 +343,44 @@ RESUMABLE = frozenset(
 CHAR_MODELS = ("lstm", "gru")
 
 
-def check_run(cfg: Any, max_virtual_devices: int | None = None) -> str:
-    """All checks of a run config that need neither data nor JAX; returns the output folder."""
+def algorithm_factory(name: str) -> Callable[..., Any]:
+    """The factory `--algorithm name` names: a registered preset, or `module:attribute` (a
+    user's own factory, imported; `attribute` may be dotted). UsageError (one line) for an
+    unknown name, a module that cannot be imported or a missing or non-callable attribute."""
+    from fedjax_sim import algorithms
+
+    if name in algorithms.ALGORITHMS:
+        return algorithms.ALGORITHMS[name]
+    module, sep, attribute = name.partition(":")
+    if not sep:
+        raise UsageError(
+            f"unknown algorithm {name!r}; choose from {sorted(algorithms.ALGORITHMS)} or give "
+            "your own factory as module:attribute"
+        )
+    try:
+        factory = importlib.import_module(module)
+    except Exception as e:  # ImportError, or the module's own error while importing
+        raise UsageError(f"--algorithm {name}: cannot import {module!r} ({_one_line(e)})") from e
+    for part in attribute.split("."):
+        if not hasattr(factory, part):
+            raise UsageError(f"--algorithm {name}: {module!r} has no attribute {attribute!r}")
+        factory = getattr(factory, part)
+    if not callable(factory):
+        raise UsageError(f"--algorithm {name}: {attribute!r} is not a callable factory")
+    return factory
+
+
+def _one_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
+def check_config(cfg: Any, max_virtual_devices: int | None = None) -> None:
+    """Every check of a run config that needs no data, no device and no file system: its
+    fields (types, `RULES`), the settings that depend on each other, a known algorithm,
+    dataset and model, and the extras its features need."""
+    from fedjax_sim import data, extras, models
+
     check_fields(cfg)
     if cfg.cohort_size is not None and cfg.cohort_sampling == "uniform":
         if cfg.cohort_size > cfg.num_clients:
@@ -393,6 +402,24 @@ def check_run(cfg: Any, max_virtual_devices: int | None = None) -> str:
         check_devices(cfg.devices, max_virtual_devices)
     if getattr(cfg, "resume", False) and getattr(cfg, "resume_or_start", False):
         raise UsageError("--resume and --resume-or-start are exclusive; give one")
+    algorithm_factory(cfg.algorithm)
+    if not data.is_registered(cfg.dataset):
+        raise UsageError(
+            f"unknown dataset {cfg.dataset!r}; choose from {sorted(data.DATASETS)} "
+            f"or tfds:<catalogue name>"
+        )
+    if cfg.model not in models.MODELS:
+        raise UsageError(f"unknown model {cfg.model!r}; choose from {sorted(models.MODELS)}")
+    if cfg.dp_clip is not None:
+        extras.require("privacy", "--dp-clip")
+    if data.needs_tfds(cfg.dataset):
+        extras.require("tfds", f"--dataset {cfg.dataset}")
+
+
+def check_run(cfg: Any, max_virtual_devices: int | None = None) -> str:
+    """All checks of a run config that need neither data nor a device (`check_config`, the
+    output folder); returns the output folder."""
+    check_config(cfg, max_virtual_devices)
     algorithm = cfg.algorithm.replace(":", ".")  # a user's module:factory
     out = format_out(cfg.out, algorithm=algorithm, dataset=cfg.dataset, settings=settings_tag(cfg))
     check_writable_dir(out)
@@ -552,24 +579,6 @@ def check_memory(
             f"GiB available; {advice}"
         )
     return need
-
-
-def available_memory_bytes(device: Any = None) -> int | None:
-    """Free memory for the run: the accelerator's free bytes, or MemAvailable on CPU."""
-    if device is not None and getattr(device, "platform", "cpu") != "cpu":
-        try:
-            stats = device.memory_stats() or {}
-            return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
-        except (KeyError, TypeError, RuntimeError):
-            return None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def per_client_bytes(

@@ -41,16 +41,7 @@ import optax
 from flax import struct
 
 from fedjax_sim import schedules
-from fedjax_sim.algorithms.compose import (
-    ClientOptimizer,
-    ClientWork,
-    LocalHook,
-    chain,
-    check_number,
-    non_negative,
-    positive,
-    preset,
-)
+from fedjax_sim.algorithms.compose import ClientOptimizer, ClientWork, LocalHook, chain, preset
 from fedjax_sim.algorithms.core import (
     COHORT,
     LOCAL,
@@ -65,6 +56,7 @@ from fedjax_sim.algorithms.core import (
     server_update,
 )
 from fedjax_sim.algorithms.hooks import scaled
+from fedjax_sim.checks import check_number, non_negative, positive
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.events import Aggregation, Arrivals, Events, EventState, set_rows, take_rows
 from fedjax_sim.parallel import ClientMap

@@ -22,7 +22,8 @@ state. Keys are those of `core` (`round_key(key, round, purpose)`, `client_key(.
 results do not depend on cohort order or on the client-map mode.
 
 Hyper-parameters may be traced JAX scalars (so that an algorithm can be built inside a
-`jax.vmap` over them): checks of numeric values run only on concrete values (`is_concrete`).
+`jax.vmap` over them): checks of numeric values (`fedjax_sim.checks`) run only on concrete
+values.
 """
 
 from __future__ import annotations
@@ -62,40 +63,10 @@ from fedjax_sim.algorithms.core import (
     tree_sq_norm,
     tree_sub,
 )
-from fedjax_sim.data.federated import Batch, FederatedData, tree_size_bytes
+from fedjax_sim.checks import is_concrete, non_negative, positive
+from fedjax_sim.data.federated import FederatedData, tree_size_bytes
 from fedjax_sim.data.store import is_rows
 from fedjax_sim.parallel import ClientMap
-
-ValueAndGrad = Callable[[Params, Batch], tuple[jax.Array, Params]]
-
-
-# ------------------------------------------------------------------------------ values
-def is_concrete(value: Any) -> bool:
-    """True for Python / NumPy numbers and concrete arrays; False for tracers (a value that
-    `jax.vmap` or `jit` traces cannot be checked in Python)."""
-    return not isinstance(value, jax.core.Tracer)
-
-
-def check_number(name: str, value: Any, ok: Callable[[float], bool], requirement: str) -> None:
-    """Raises `ValueError("{name} must be {requirement}, got {value}")` when `value` is
-    concrete and fails `ok` (NaN fails every test); traced values pass."""
-    if not is_concrete(value):
-        return
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number ({requirement}), got {value!r}") from None
-    if not (v == v and ok(v)):
-        raise ValueError(f"{name} must be {requirement}, got {value!r}")
-
-
-def positive(name: str, value: Any) -> None:
-    check_number(name, value, lambda v: 0 < v < float("inf"), "a finite number > 0")
-
-
-def non_negative(name: str, value: Any) -> None:
-    check_number(name, value, lambda v: 0 <= v < float("inf"), "a finite number >= 0")
-
 
 # ------------------------------------------------------------------------------ optimizers
 # float (SGD learning rate) | schedule (round -> learning rate) | optax transformation |

@@ -278,35 +278,6 @@ class Stragglers:
         )
 
 
-# ------------------------------------------------------------------------------ optimizers
-ClientOptimizer = float | optax.GradientTransformation | Callable[[jax.Array], Any]
-
-
-def client_optimizer_for_round(
-    opt: ClientOptimizer, round_: jax.Array
-) -> optax.GradientTransformation:
-    """A float is `optax.sgd(lr)`; a callable maps the round counter to an optimizer (e.g.
-    `lambda t: optax.sgd(0.1 * 0.998 ** t)` for per-round learning-rate decay)."""
-    if isinstance(opt, optax.GradientTransformation):
-        return opt
-    if callable(opt):
-        return opt(round_)
-    if not opt > 0:
-        raise ValueError(f"client learning rate must be > 0, got {opt}")
-    return optax.sgd(opt)
-
-
-def server_optimizer_from(
-    opt: float | optax.GradientTransformation,
-) -> optax.GradientTransformation:
-    """A float is `optax.sgd(lr)` (FedAvg's server step with lr 1 is plain averaging)."""
-    if isinstance(opt, optax.GradientTransformation):
-        return opt
-    if not opt > 0:
-        raise ValueError(f"server learning rate must be > 0, got {opt}")
-    return optax.sgd(opt)
-
-
 # ------------------------------------------------------------------------------ local training
 class LocalResult(NamedTuple):
     params: Params  # final local model

@@ -35,8 +35,6 @@ from fedjax_sim.algorithms.compose import (
     DistributorSummary,
     LocalHook,
     Options,
-    check_number,
-    is_concrete,
     preset,
     synchronous,
 )
@@ -53,6 +51,7 @@ from fedjax_sim.algorithms.core import (
     tree_sub,
 )
 from fedjax_sim.algorithms.hooks import tilted
+from fedjax_sim.checks import check_number, is_concrete
 from fedjax_sim.data.federated import FederatedData, tree_size_bytes
 from fedjax_sim.events import sample_cohort
 

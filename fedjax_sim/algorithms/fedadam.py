@@ -27,8 +27,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_sim.algorithms.compose import Options, check_number, positive, preset, synchronous
+from fedjax_sim.algorithms.compose import Options, preset, synchronous
 from fedjax_sim.algorithms.core import Algorithm, LossFn, Params
+from fedjax_sim.checks import check_number, positive
 
 
 class AdamNoBiasCorrectionState(NamedTuple):

@@ -44,16 +44,10 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from fedjax_sim.algorithms.compose import (
-    LocalHook,
-    Options,
-    error_feedback,
-    positive,
-    preset,
-    synchronous,
-)
+from fedjax_sim.algorithms.compose import LocalHook, Options, error_feedback, preset, synchronous
 from fedjax_sim.algorithms.core import Algorithm, CohortSpec, LocalSpec, LossFn, Sampling
 from fedjax_sim.algorithms.hooks import proximal
+from fedjax_sim.checks import positive
 from fedjax_sim.compression import Compressor, make
 from fedjax_sim.schedules import Schedule, constant
 

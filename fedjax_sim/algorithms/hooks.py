@@ -28,15 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sim.algorithms.compose import (
-    HookContext,
-    LocalHook,
-    LocalOutcome,
-    RoundSummary,
-    non_negative,
-    positive,
-)
+from fedjax_sim.algorithms.compose import HookContext, LocalHook, LocalOutcome, RoundSummary
 from fedjax_sim.algorithms.core import tree_add, tree_norm, tree_scale, tree_sub
+from fedjax_sim.checks import Range, check_number, non_negative, positive
 from fedjax_sim.data.federated import tree_size_bytes
 
 Params = Any
@@ -148,7 +142,7 @@ def client_momentum(momentum: float) -> LocalHook:
     """FedCM (Xu et al. 2021): direction `(1 - m) g + m D` with the server's momentum
     `D_{t+1} = -Delta_t / (eta K)` (0 at init, broadcast with x_t). `m = 0` is FedAvg;
     `multistep_inertia((m,), (0,))` is the same algorithm for a constant learning rate."""
-    check_number_in_unit("client momentum", momentum, closed_top=False)
+    check_number("client momentum", momentum, Range(0, 1, hi_open=True))
     weight = 1.0 - momentum  # FedCM's alpha, the weight of the local gradient
 
     def direction(value_and_grad, params, batch, carry, ctx):
@@ -171,18 +165,6 @@ def client_momentum(momentum: float) -> LocalHook:
         init_server=_zeros,
         finalize=finalize,
         payload=lambda params, server: (0.0, float(tree_size_bytes(params))),
-    )
-
-
-def check_number_in_unit(name: str, value: Any, *, closed_top: bool) -> None:
-    from fedjax_sim.algorithms.compose import check_number
-
-    top = "]" if closed_top else ")"
-    check_number(
-        name,
-        value,
-        (lambda v: 0 <= v <= 1) if closed_top else (lambda v: 0 <= v < 1),
-        f"in [0, 1{top}",
     )
 
 

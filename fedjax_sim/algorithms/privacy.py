@@ -41,8 +41,9 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_sim import extras
-from fedjax_sim.algorithms.compose import Aggregator, non_negative, positive
+from fedjax_sim.algorithms.compose import Aggregator
 from fedjax_sim.algorithms.core import CohortSpec
+from fedjax_sim.checks import non_negative, positive
 from fedjax_sim.data.federated import tree_size_bytes
 
 SERVER_NOISE = 0x7FFFFFFF  # folded into the uplink key for the server's noise (not a client id)

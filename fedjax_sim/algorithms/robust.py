@@ -35,7 +35,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fedjax_sim.algorithms.compose import Aggregator, check_number, positive
+from fedjax_sim.algorithms.compose import Aggregator
+from fedjax_sim.checks import check_number, positive
 from fedjax_sim.data.federated import tree_size_bytes
 
 

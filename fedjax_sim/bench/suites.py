@@ -24,7 +24,7 @@ from typing import Any
 import jax
 
 import fedjax_sim
-from fedjax_sim import algorithms, distributed
+from fedjax_sim import algorithms, distributed, validate
 from fedjax_sim.bench import measure, plots, report, runner, worker
 from fedjax_sim.bench.config import SUITES, BenchConfig
 from fedjax_sim.bench.results import finish, replace_rows, stamp, validate_row
@@ -37,28 +37,15 @@ from fedjax_sim.bench.workloads import (
     model_flops,
     preset,
 )
+from fedjax_sim.memory import GiB, default_budget_bytes
 from fedjax_sim.parallel import fit_client_map
 
-GiB = 2**30
 BASE_RSS = 700 * 2**20  # resident set of a worker process with jax loaded and a round compiled
 MARGIN = 1.15
 KILL_FACTOR = 1.25
 
 
 # ------------------------------------------------------------------------------ memory
-def default_budget_bytes() -> int:
-    """min(8 GiB, half of MemAvailable) (the machine is shared)."""
-    avail = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(min(8 * GiB, avail / 2)) if avail else 4 * GiB
-
-
 @functools.lru_cache(maxsize=64)
 def per_client_bytes(w: Workload) -> int:
     """Working memory of one vmapped client of `w`: the slope of XLA's temporary + output
@@ -162,10 +149,7 @@ class Session:
     """Runs measurements for the suites of one `fedjax-sim bench` call."""
 
     def __init__(self, cfg: BenchConfig, log: Callable[[str], None] = print):
-        if cfg.repeats < 3:
-            raise ValueError(
-                f"--repeats must be >= 3 (median and min over >= 3), got {cfg.repeats}"
-            )
+        validate.check_fields(cfg)  # e.g. --repeats >= 3 (median and min over >= 3)
         self.cfg = cfg
         self.log = log
         self.budget = (
