@@ -46,8 +46,8 @@ import numpy as np
 
 from fedjax_sim import models
 from fedjax_sim.config import (
-    ALGORITHM_FACTORIES,
     RunConfig,
+    algorithm_factory,
     algorithm_kwargs,
     make_client_map,
     privacy_accounting,
@@ -153,7 +153,7 @@ def main():
     summary = ds.train.summary()
     print(f"data: {summary}; central test {len(ds.test.y)} examples", flush=True)
     model = models.build("mlp", ds.feature_shape, ds.num_classes, hidden=(64,), l2=0.0)
-    factory = ALGORITHM_FACTORIES()["fedavg"]
+    factory = algorithm_factory("fedavg")
     rows, summaries = [], []
     raw_path = os.path.join(args.out, "runs.json")
     if os.path.exists(raw_path):  # configurations already run are kept, not run again

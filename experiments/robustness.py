@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-from fedjax_sim.config import ALGORITHM_FACTORIES, algorithm_kwargs, build_run
+from fedjax_sim.config import algorithm_factory, algorithm_kwargs, build_run
 from fedjax_sim.simulate import EvalSpec
 from fedjax_sim.sweep import mean_ci, sweep
 from fedjax_sim.sweep_cli import SweepConfig
@@ -132,7 +132,7 @@ def main():
     # the aggregator / attack ones): loaded once, so the evaluator is compiled once
     base = fields_of(args, "mean", "none", 0.0)
     ds, model, _, cmap = build_run(SweepConfig(**base), None, set(base))
-    factory = ALGORITHM_FACTORIES()["fedavg"]
+    factory = algorithm_factory("fedavg")
     for agg, attack, frac in grid(args):
         if (agg, attack, frac) in have:
             continue
