@@ -473,9 +473,10 @@ def test_sweep_interrupt_names_the_saved_checkpoint(capsys, workdir, monkeypatch
     monkeypatch.setattr(History, "append_eval", interrupt_at_round_2)
     args = ["sweep", "--rounds", "4", "--eval-every", "1", "--checkpoint-every", "1"]
     args += ["--seeds", "1", "--num-clients", "20", "--hidden", "8", "--no-progress"]
-    assert cli.main(args) == 130
+    out = workdir / "results" / "interrupted_sweep"
+    assert cli.main([*args, "--out", str(out)]) == 130
     err = capsys.readouterr().err.strip()
-    directory = workdir / "results" / "sweep_fedavg_digits" / "checkpoints"
+    directory = out / "checkpoints"
     assert err == (
         f"fedjax-sim: interrupted at round 2; checkpoint saved to {directory}; "
         "rerun the same command with --resume"
