@@ -8,6 +8,7 @@ Bad flags or impossible settings print one error line and exit with code 2.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import sys
@@ -22,11 +23,14 @@ from fedjax_sim.bench.config import BenchConfig
 from fedjax_sim.config import (
     RunConfig,
     build_run,
+    build_streamed_run,
+    check_stream,
     explicit_fields,
     parse_hparams,
     privacy_accounting,
     privacy_record,
     setup_devices,
+    stream_flag,
 )
 from fedjax_sim.sweep_cli import EXIT_INTERRUPTED, SweepConfig, sweep_command
 from fedjax_sim.validate import UsageError
@@ -44,45 +48,79 @@ class ListConfig:
 # ------------------------------------------------------------------------------ run
 def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
     """`fedjax-sim run`; `explicit` names the fields set on the command line or in --config
-    (default: those that differ from the defaults)."""
-    out_dir = validate.check_run(cfg)  # every check of the config; nothing created
+    (default: those that differ from the defaults). With `--client-store` / `--population`
+    the population is streamed (`simulate_streamed`), else loaded on device (`simulate`):
+    the same checks, results, checkpoints, resume, Ctrl-C and privacy accounting."""
+    explicit = explicit_fields(cfg) if explicit is None else set(explicit)
+    cfg = check_stream(cfg, explicit)  # a streamed population's checks (no JAX)
+    out_dir = validate.check_run(cfg)  # every generic check; nothing created
     checkpoint_dir = os.path.join(out_dir, "checkpoints")
     resume_round = _check_resume(cfg, checkpoint_dir)
+    streamed = stream_flag(cfg) is not None
     try:
         mesh = setup_devices(cfg)
-        dataset, model, algorithm, client_map = build_run(cfg, mesh, explicit)
-        privacy = privacy_accounting(cfg, dataset.train.num_clients)
+        if streamed:
+            source, test, model, algorithm, plan = build_streamed_run(cfg, explicit)
+        else:
+            dataset, model, algorithm, client_map = build_run(cfg, mesh, explicit)
+            test = dataset.test
+        privacy = privacy_accounting(
+            cfg, cfg.num_clients if streamed else dataset.train.num_clients
+        )
     except UsageError:
         raise
     except (ValueError, TypeError, FileNotFoundError) as e:  # bad settings or missing data
         raise UsageError(str(e)) from e
-    _check_loaded(cfg, dataset, model, client_map, mesh)
     import jax
 
     from fedjax_sim.checkpoint import CheckpointError
     from fedjax_sim.loop import Interrupted, NonFiniteError
     from fedjax_sim.simulate import EvalSpec, simulate
 
-    summary = dataset.train.summary()
-    natural = cfg.dataset in ("shakespeare", "fedprox_synthetic", "shifted_minority")
-    partition_name = "natural" if natural else cfg.partition
+    if streamed:
+        if cfg.state_rows == "host" and algorithm.rows is None:
+            raise UsageError(
+                f"--state-rows host: --algorithm {cfg.algorithm} does not declare its per-client "
+                "rows (Algorithm.rows)"
+            )
+        from fedjax_sim.streaming import simulate_streamed
+
+        name = validate.data_name(cfg)
+        summary = _stream_summary(source, plan)
+        setting = f"streamed ({cfg.state_rows} state rows)"
+        driver = functools.partial(
+            simulate_streamed,
+            algorithm,
+            source,
+            plan=plan,
+            state_rows=cfg.state_rows,
+            rows_dir=cfg.rows_dir,
+        )
+        evaluation = EvalSpec(every=cfg.eval_every, clients=False)  # central test set only
+    else:
+        _check_loaded(cfg, dataset, model, client_map, mesh)
+        name, summary = dataset.name, dataset.train.summary()
+        natural = cfg.dataset in ("shakespeare", "fedprox_synthetic", "shifted_minority")
+        setting = f"{'natural' if natural else cfg.partition} partition"
+        driver = functools.partial(
+            simulate, algorithm, dataset.train, client_map=client_map, mesh=mesh
+        )
+        evaluation = EvalSpec(every=cfg.eval_every)
     main_process = jax.process_index() == 0
     if main_process:
         print(
-            f"{cfg.algorithm} on {dataset.name}: {summary['num_clients']} clients, "
-            f"{summary['num_examples']} training examples, {partition_name} partition, "
+            f"{cfg.algorithm} on {name}: {summary['num_clients']} clients, "
+            f"{summary['num_examples']} training examples, {setting}, "
             f"model {model.name}, {cfg.rounds} rounds, results -> {out_dir}",
             flush=True,
         )
     try:
-        history = simulate(
-            algorithm,
-            dataset.train,
-            jax.random.key(cfg.seed),
+        history = driver(
+            key=jax.random.key(cfg.seed),
             model=model,
             num_rounds=cfg.rounds,
-            test=dataset.test,
-            evaluation=EvalSpec(every=cfg.eval_every),
+            test=test,
+            evaluation=evaluation,
             out_dir=out_dir,
             checkpoint_dir=checkpoint_dir,  # always: Ctrl-C saves a checkpoint
             checkpoint_every=cfg.checkpoint_every,
@@ -94,11 +132,9 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
             meta={
                 "config": dataclasses.asdict(cfg),
                 "data": summary,
-                "title": f"{cfg.algorithm} on {dataset.name}",
+                "title": f"{cfg.algorithm} on {name}",
                 **({} if privacy is None else {"privacy": privacy_record(cfg, privacy)}),
             },
-            client_map=client_map,
-            mesh=mesh,
             privacy=None if privacy is None else privacy.epsilon,
         )
     except NonFiniteError as e:
@@ -116,7 +152,11 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
     if warning:
         print(f"fedjax-sim: warning: {warning}", file=sys.stderr)
     final = history.final()
-    line = f"final test accuracy: {final.get('test_accuracy', float('nan')):.4f}"
+    if test is None:  # a client store: no central test set
+        loss = history.metrics.get("train_loss", [float("nan")])
+        line = f"final training loss: {float(loss[-1]):.4f} (no central test set)"
+    else:
+        line = f"final test accuracy: {final.get('test_accuracy', float('nan')):.4f}"
     if "client_accuracy_mean" in final and math.isfinite(final["client_accuracy_worst"]):
         line += (
             f" (client mean {final['client_accuracy_mean']:.4f}, "
@@ -133,6 +173,22 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
         f"{f' (client map {mode})' if mode else ''}; results in {out_dir}/"
     )
     return 0
+
+
+def _stream_summary(source, plan) -> dict[str, object]:
+    """`history.meta["data"]` of a streamed population (as `FederatedData.summary`)."""
+    import numpy as np
+
+    counts = np.asarray(plan.counts)
+    return {
+        "num_clients": int(counts.size),
+        "num_examples": int(counts.sum()),
+        "max_count": int(source.max_count),
+        "min_count": int(counts.min()),
+        "mean_count": float(counts.mean()),
+        "empty_clients": int((counts == 0).sum()),
+        "num_classes": int(source.num_classes),
+    }
 
 
 def _report_measured(choice: autotune.Choice) -> None:

@@ -14,7 +14,9 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import json
 import math
+import os
 import re
 from collections.abc import Collection, Sequence
 from typing import Any, Literal
@@ -145,6 +147,22 @@ class RunConfig:
     """Resume if OUT/checkpoints holds a checkpoint of this run, else start from round 0."""
     progress: bool = True
     """Show a progress bar."""
+    client_store: str | None = None
+    """Stream the training population from this client store folder (written by
+    `fedjax_sim.data.store.write_client_store`: memory-mapped files or array_record, never
+    loaded whole; each chunk's cohorts are gathered ahead of the rounds, `simulate_streamed`).
+    --num-clients: its first N clients (default: all). No central test set."""
+    population: Literal["uniform", "fedprox_synthetic"] | None = None
+    """Stream a procedural population of --num-clients clients (up to 2^27), generated on
+    device from (--seed, client id): uniform (784 features uniform in [0, 1), 10 uniform
+    labels, 20 examples per client) or fedprox_synthetic (Synthetic(--alpha, --alpha) of Li
+    et al. 2020: 60 features, 10 classes, 50..200 examples). Tested on 20 held-out clients."""
+    state_rows: Literal["device", "host"] = "device"
+    """Streamed runs: where per-client state rows (SCAFFOLD's control variates, FedDyn's h_i,
+    error-feedback memories) live: device ([C, ...] on the device) or host (host RAM, or
+    memory-mapped files in --rows-dir; the device holds a chunk's rows)."""
+    rows_dir: str | None = None
+    """Folder for the memory-mapped state rows of --state-rows host (default: host RAM)."""
 
 
 def parse_hparams(items: Sequence[str], flag: str = "--hparams") -> dict[str, object]:
@@ -198,7 +216,7 @@ def build_run(cfg: RunConfig, mesh=None, explicit: Collection[str] | None = None
     multi-process `mesh`, each process keeps only its clients' rows."""
     import jax
 
-    from fedjax_sim import data, models
+    from fedjax_sim import data
 
     validate.check_config(cfg)
     load_kwargs: dict[str, object] = {"num_clients": cfg.num_clients, "seed": cfg.seed}
@@ -229,19 +247,199 @@ def build_run(cfg: RunConfig, mesh=None, explicit: Collection[str] | None = None
         train = distributed.local_rows(dataset.train, mesh, cfg.num_clients, rows=True)
         train = distributed.globalize(train, mesh, cfg.num_clients, rows=True)
         dataset = dataset._replace(train=train)
-    model_kwargs: dict[str, object] = {"l2": cfg.l2}
-    if cfg.model == "mlp":
-        model_kwargs["hidden"] = cfg.hidden
-    model = models.build(cfg.model, dataset.feature_shape, dataset.num_classes, **model_kwargs)
+    model = _model(cfg, dataset.feature_shape, dataset.num_classes)
     client_map = make_client_map(cfg, mesh)
     kwargs = algorithm_kwargs(cfg, explicit, data=dataset.train, client_map=client_map)
     assert kwargs.keys() >= kwargs_without_data.keys()
+    return dataset, model, _algorithm(cfg, model, kwargs), client_map
+
+
+# ------------------------------------------------------------------------------ streamed runs
+# Presets that draw their cohort from their own state, not with `CohortSpec.sample`: a
+# streamed run cannot draw their ids ahead of the rounds (`streaming.AlgorithmCohorts`).
+OWN_COHORTS: dict[str, str] = {
+    "drfa": "draws its cohort from its client weights lam",
+    "fedlps": "draws its cohort from its similarity graph",
+}
+# In-memory dataset flags, which a streamed population does not read.
+DATASET_FLAGS = ("dataset", "data_dir", "partition", "shards_per_client", "sigma", "alpha")
+MAX_EXACT_CLIENTS = 2**27  # `simulate_streamed`: exact plans draw over all C on device
+
+
+def stream_flag(cfg: RunConfig) -> str | None:
+    """`--client-store` or `--population` if `cfg` streams its population, else None."""
+    if getattr(cfg, "client_store", None) is not None:
+        return "--client-store"
+    return "--population" if getattr(cfg, "population", None) is not None else None
+
+
+def check_stream(cfg: RunConfig, explicit: Collection[str]) -> RunConfig:
+    """UsageError (one line naming the flag) for what a streamed run (`--client-store`,
+    `--population`) cannot do; reads only a store's `store.json`. Returns `cfg` with
+    `--num-clients` the store's when not given."""
+    explicit = set(explicit)
+    source = stream_flag(cfg)
+    if cfg.client_store is not None and cfg.population is not None:
+        raise UsageError("--client-store and --population both name the population; give one")
+    if source is None:
+        for name in ("state_rows", "rows_dir"):
+            if name in explicit:
+                raise UsageError(f"{validate.flag(name)} needs --client-store or --population")
+        return cfg
+    for name in DATASET_FLAGS:
+        if name in explicit and not (name == "alpha" and cfg.population == "fedprox_synthetic"):
+            raise UsageError(
+                f"{validate.flag(name)} sets up an in-memory dataset; {source} names the "
+                "population of this run: drop one of them"
+            )
+    multi = [n for n in ("coordinator", "num_processes", "process_id") if n in explicit]
+    if (cfg.devices or 1) > 1 or multi:
+        name = validate.flag(multi[0]) if multi else f"--devices {cfg.devices}"
+        raise UsageError(
+            f"{name}: a streamed run ({source}) puts each chunk's cohort on one device (no "
+            "mesh); drop it"
+        )
+    if cfg.rows_dir is not None:
+        if cfg.state_rows != "host":
+            raise UsageError("--rows-dir holds host state rows: give it with --state-rows host")
+        validate.check_writable_dir(cfg.rows_dir, "rows_dir")
+    factory = algorithm_factory(cfg.algorithm)
+    if cfg.algorithm in OWN_COHORTS or "cohort" not in hyper_parameters(factory):
+        why = OWN_COHORTS.get(cfg.algorithm, "is event-driven (no cohort option)")
+        raise UsageError(
+            f"--algorithm {cfg.algorithm} {why}: {source} streams cohorts drawn ahead with "
+            "CohortSpec.sample; run it on an in-memory --dataset"
+        )
+    if cfg.population is not None:
+        if cfg.num_clients > MAX_EXACT_CLIENTS:
+            raise UsageError(
+                f"--num-clients {cfg.num_clients}: a streamed run draws its cohorts over all "
+                f"clients on device, at most {MAX_EXACT_CLIENTS} (2^27)"
+            )
+        return cfg
+    if cfg.client_store is not None and os.path.abspath(cfg.rows_dir or "") == os.path.abspath(
+        cfg.client_store
+    ):
+        raise UsageError("--rows-dir must not be the --client-store folder (it would replace it)")
+    stored = _store_clients(cfg.client_store)
+    if "num_clients" not in explicit:
+        return dataclasses.replace(cfg, num_clients=stored)
+    if cfg.num_clients > stored:
+        raise UsageError(
+            f"--num-clients {cfg.num_clients} exceeds the {stored} clients of --client-store "
+            f"{cfg.client_store}"
+        )
+    return cfg
+
+
+def _store_clients(path: str) -> int:
+    """The number of clients in the store at `path` (its `store.json`; UsageError naming
+    --client-store if it is missing or unreadable)."""
+    from fedjax_sim.data.store import STORE_META
+
+    where = f"--client-store {path}"
+    meta = os.path.join(path, STORE_META)
+    if not os.path.isdir(path):
+        raise UsageError(f"{where}: no such folder")
+    if not os.path.isfile(meta) or not os.path.isfile(os.path.join(path, "counts.npy")):
+        raise UsageError(
+            f"{where}: not a client store (it needs {STORE_META} and counts.npy, as "
+            "write_client_store writes them)"
+        )
     try:
-        algorithm = algorithm_factory(cfg.algorithm)(model.loss, **kwargs)
+        with open(meta) as f:
+            info = json.load(f)
+        c = info["num_clients"]
+        if not {"x", "y"} <= set(info["leaves"]):
+            raise ValueError("it needs arrays x and y")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"{where}: unreadable {STORE_META} ({validate.first_line(e)})") from e
+    if not isinstance(c, int) or c < 1:
+        raise UsageError(f"{where}: {STORE_META} has num_clients {c!r}")
+    return c
+
+
+def build_streamed_run(cfg: RunConfig, explicit: Collection[str] | None = None):
+    """`(source, test, model, algorithm, plan)` of a streamed run (after `check_stream`):
+    the `ClientStore` or procedural `Population`, its central test set (a population's
+    `HELD_OUT` held-out clients; None for a store), and the `AlgorithmCohorts` plan of the
+    algorithm's cohort. UsageError on bad settings or an unreadable store."""
+    import numpy as np
+
+    from fedjax_sim.streaming import AlgorithmCohorts
+
+    validate.check_config(cfg)
+    explicit = explicit_fields(cfg) if explicit is None else set(explicit)
+    algorithm_kwargs(cfg, explicit)  # refuse bad flags before opening the data
+    source, (feature_shape, x_dtype) = _stream_source(cfg)
+    where = f"--client-store {cfg.client_store}" if cfg.population is None else "--population"
+    validate.check_model_data(cfg.model, where, x_dtype, feature_shape)
+    model = _model(cfg, feature_shape, source.num_classes)
+    kwargs = algorithm_kwargs(cfg, explicit, client_map=make_client_map(cfg))
+    algorithm = _algorithm(cfg, model, kwargs)
+    if cfg.population is None:
+        test, counts = None, source.counts
+    else:
+        test, counts = _held_out(source), np.asarray(source.all_counts())
+    plan = AlgorithmCohorts(_cohort_spec(cfg, explicit), counts)
+    return source, test, model, algorithm, plan
+
+
+HELD_OUT = 20  # clients of a procedural population held out as its central test set
+
+
+def _stream_source(cfg: RunConfig):
+    """`(source, (feature_shape, decoded x dtype))` of a streamed run."""
+    import jax
+    import numpy as np
+
+    from fedjax_sim.data.procedural import FedProxSynthetic, Population, UniformClassification
+    from fedjax_sim.data.store import ClientStore
+
+    if cfg.population is None:
+        try:
+            store = ClientStore.open(cfg.client_store, num_clients=cfg.num_clients)
+            x = store.decode(jax.numpy.asarray(store.rows.gather(np.zeros(1, np.int64))["x"]))
+        except (OSError, ValueError, KeyError, TypeError, ImportError) as e:
+            raise UsageError(f"--client-store {cfg.client_store}: {validate.first_line(e)}") from e
+        return store, (tuple(x.shape[2:]), x.dtype)
+    generator = {
+        "uniform": lambda: UniformClassification(),
+        "fedprox_synthetic": lambda: FedProxSynthetic(alpha=cfg.alpha, beta=cfg.alpha),
+    }[cfg.population]()
+    population = Population(generator, cfg.num_clients, seed=cfg.seed)
+    return population, (population.feature_shape, np.dtype(np.float32))
+
+
+def _held_out(population: Any):
+    """The central test set of a procedural population: the examples of clients
+    `C .. C + HELD_OUT - 1` of its generator (never trained on)."""
+    import jax
+    import numpy as np
+
+    from fedjax_sim.data.federated import ArrayData
+
+    ids = np.arange(population.num_clients, population.num_clients + HELD_OUT)
+    x, y = (np.asarray(a) for a in jax.jit(population.rows)(ids))
+    keep = np.arange(x.shape[1]) < np.asarray(population.counts(ids))[:, None]
+    return ArrayData(x=jax.numpy.asarray(x[keep]), y=jax.numpy.asarray(y[keep]))
+
+
+def _model(cfg: RunConfig, feature_shape: tuple[int, ...], num_classes: int):
+    from fedjax_sim import models
+
+    model_kwargs: dict[str, object] = {"l2": cfg.l2}
+    if cfg.model == "mlp":
+        model_kwargs["hidden"] = cfg.hidden
+    return models.build(cfg.model, feature_shape, num_classes, **model_kwargs)
+
+
+def _algorithm(cfg: RunConfig, model: Any, kwargs: dict[str, Any]):
+    try:
+        return algorithm_factory(cfg.algorithm)(model.loss, **kwargs)
     except ValueError as e:  # the preset's own range checks: name the --hparams it concerns
         named = [h for h in cfg.hparams if re.search(rf"\b{re.escape(h.split('=')[0])}\b", str(e))]
         raise UsageError(f"--hparams {' '.join(named)}: {e}" if named else str(e)) from None
-    return dataset, model, algorithm, client_map
 
 
 # ------------------------------------------------------------------------------ algorithm flags

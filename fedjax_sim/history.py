@@ -232,7 +232,8 @@ class History:
             if len(r):
                 axes[1].plot(r, v, "o-", ms=3, label=label)
         axes[1].set(xlabel="round", ylabel="accuracy", title="Accuracy", ylim=(0, 1))
-        axes[1].legend()
+        if axes[1].lines:  # none without a test set (a streamed client store)
+            axes[1].legend()
         title = self.meta.get("title")
         if title:
             fig.suptitle(title)

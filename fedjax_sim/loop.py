@@ -26,6 +26,7 @@ import numpy as np
 from fedjax_sim import distributed
 from fedjax_sim.checkpoint import Checkpointer, CheckpointError, deferred_sigint
 from fedjax_sim.history import History, HistoryWriter, _jsonable
+from fedjax_sim.validate import config_diff
 
 # meta entries that name what a run computes: a resume refuses a checkpoint that differs
 RUN_IDENTITY = ("config", "hparams", "seed")
@@ -269,7 +270,17 @@ def _resumed(saved: dict[str, Any], metas: Sequence[dict[str, Any]], start: int)
     for d, meta in zip(dicts, metas, strict=True):
         h = History.from_dict(d)
         for k in RUN_IDENTITY:
-            if k in meta and _norm(h.meta.get(k)) != _norm(meta[k]):
+            saved_k, this_k = h.meta.get(k), meta.get(k)
+            if k in meta and isinstance(saved_k, dict) and isinstance(this_k, dict):
+                # a command line's settings (the CLI's meta["config"]): those that may change
+                # between a run and its resumption (more --rounds, --resume, ...) may differ
+                diffs = config_diff(saved_k, this_k)
+                if diffs:
+                    raise CheckpointError(
+                        f"resume: the checkpoint was written with other settings: "
+                        f"{'; '.join(diffs)}"
+                    )
+            elif k in meta and _norm(saved_k) != _norm(this_k):
                 raise CheckpointError(
                     f"resume: the checkpoint was written by a run with another {k} "
                     f"({h.meta.get(k)!r} != {meta[k]!r})"

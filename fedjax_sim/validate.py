@@ -335,6 +335,7 @@ RESUMABLE = frozenset(
         "num_processes",
         "process_id",
         "data_dir",
+        "rows_dir",  # where a streamed run's host state rows live (restored on resume)
         "out",
         "runs_per_group",  # a sweep's planner
         "memory_budget_gb",
@@ -360,7 +361,7 @@ def algorithm_factory(name: str) -> Callable[..., Any]:
     try:
         factory = importlib.import_module(module)
     except Exception as e:  # ImportError, or the module's own error while importing
-        raise UsageError(f"--algorithm {name}: cannot import {module!r} ({_one_line(e)})") from e
+        raise UsageError(f"--algorithm {name}: cannot import {module!r} ({first_line(e)})") from e
     for part in attribute.split("."):
         if not hasattr(factory, part):
             raise UsageError(f"--algorithm {name}: {module!r} has no attribute {attribute!r}")
@@ -370,7 +371,8 @@ def algorithm_factory(name: str) -> Callable[..., Any]:
     return factory
 
 
-def _one_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (its type name if it has none)."""
     lines = str(e).strip().splitlines()
     return lines[0] if lines else type(e).__name__
 
@@ -421,14 +423,32 @@ def check_run(cfg: Any, max_virtual_devices: int | None = None) -> str:
     output folder); returns the output folder."""
     check_config(cfg, max_virtual_devices)
     algorithm = cfg.algorithm.replace(":", ".")  # a user's module:factory
-    out = format_out(cfg.out, algorithm=algorithm, dataset=cfg.dataset, settings=settings_tag(cfg))
+    out = format_out(
+        cfg.out, algorithm=algorithm, dataset=data_name(cfg), settings=settings_tag(cfg)
+    )
     check_writable_dir(out)
     return out
+
+
+def data_name(cfg: Any) -> str:
+    """`--out`'s `{dataset}`: the dataset, `--population`'s name or `store-<folder name>` of
+    `--client-store`."""
+    store = getattr(cfg, "client_store", None)
+    if store is not None:
+        return "store-" + (os.path.basename(os.path.normpath(store)) or "root")
+    return getattr(cfg, "population", None) or cfg.dataset
 
 
 def check_sweep(cfg: Any) -> str:
     """All checks of a sweep config that need neither data nor JAX; returns the output
     folder."""
+    default = type(cfg)()
+    for name in ("client_store", "population", "state_rows", "rows_dir"):
+        if getattr(cfg, name) != getattr(default, name):
+            raise UsageError(
+                f"{flag(name)}: a sweep runs on an in-memory --dataset; stream a population "
+                "with `fedjax-sim run`"
+            )
     out = check_run(cfg)
     last = cfg.seed + cfg.seeds - 1
     if last > UINT32_MAX:
@@ -525,18 +545,21 @@ def _norm(v: Any) -> Any:
 
 def check_model_data(model: str, dataset: str, x_dtype: Any, feature_shape: tuple) -> None:
     """Refuses a model that cannot read the dataset's features (a character RNN on images,
-    an image model on token sequences)."""
+    an image model on token sequences); `dataset`: a dataset name, or the flag and value
+    naming a streamed population (`--client-store PATH`)."""
+    if not dataset.startswith("--"):
+        dataset = f"--dataset {dataset}"
     import numpy as np
 
     tokens = np.issubdtype(np.dtype(x_dtype), np.integer)
     if model in CHAR_MODELS and not tokens:
         raise UsageError(
-            f"--model {model} is a character model (integer token sequences); --dataset "
+            f"--model {model} is a character model (integer token sequences); "
             f"{dataset} has float features of shape {tuple(feature_shape)}"
         )
     if model not in CHAR_MODELS and tokens:
         raise UsageError(
-            f"--model {model} reads float features; --dataset {dataset} has integer token "
+            f"--model {model} reads float features; {dataset} has integer token "
             f"sequences: use --model lstm or gru"
         )
 

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import fedjax_sim.streaming
 import fedjax_sim.sweep
 from fedjax_sim import cli, validate
 from fedjax_sim.checkpoint import Checkpointer
@@ -266,6 +267,35 @@ BAD_34_HPARAMS: list[tuple[list[str], str]] = [
     (["run", "--algorithm", "fedsam", "--hparams", "rho=-1"], "--hparams rho=-1"),
 ]
 
+# issue 35: streamed populations (--client-store / --population), refused before compiling
+POP = ["--population", "uniform"]
+BAD_35: list[tuple[list[str], str]] = [
+    (["run", "--client-store", "nowhere"], "--client-store"),
+    (["run", "--client-store", "a_file"], "--client-store"),
+    (["run", "--client-store", "readonly"], "--client-store"),  # a folder, not a store
+    (["run", "--client-store", "corrupt"], "--client-store"),  # unreadable store.json
+    (["run", "--client-store", "nowhere", *POP], "--population"),
+    (["run", *POP, "--dataset", "mnist"], "--dataset"),
+    (["run", *POP, "--partition", "iid"], "--partition"),
+    (["run", *POP, "--data-dir", "x"], "--data-dir"),
+    (["run", *POP, "--alpha", "0.3"], "--alpha"),
+    (["run", *POP, "--devices", "2"], "--devices"),
+    (["run", *POP, "--num-processes", "2"], "--num-processes"),
+    (["run", *POP, "--num-clients", "200000000"], "--num-clients"),
+    (["run", *POP, "--algorithm", "fedbuff"], "--algorithm fedbuff"),
+    (["run", *POP, "--algorithm", "drfa"], "--algorithm drfa"),
+    (["run", *POP, "--algorithm", "fedlps"], "--algorithm fedlps"),
+    (["run", *POP, "--rows-dir", "rows"], "--rows-dir"),
+    (["run", *POP, "--state-rows", "disk"], "--state-rows"),
+    (["run", *POP, "--state-rows", "host", "--rows-dir", "a_file"], "--rows-dir"),
+    (["run", *POP, "--model", "lstm"], "--model"),
+    (["run", "--population", "nope"], "--population"),
+    (["run", "--state-rows", "host"], "--state-rows"),
+    (["run", "--rows-dir", "rows"], "--rows-dir"),
+    (["sweep", *POP], "--population"),
+    (["sweep", "--client-store", "nowhere"], "--client-store"),
+]
+
 # --config files: (JSON text, the key the message must name)
 BAD_CONFIGS: list[tuple[str, str]] = [
     ("[1, 2]", "JSON object"),
@@ -429,6 +459,21 @@ def test_issue_34_has_120_bad_invocations():
 @pytest.mark.parametrize("args, names", BAD_34, ids=[" ".join(a)[:60] for a, _ in BAD_34])
 def test_issue_34_refused(capsys, workdir, args, names):
     _refused(capsys, workdir, [*args, "--no-progress"] if args[0] != "bench" else args, names)
+
+
+@pytest.mark.parametrize("args, names", BAD_35, ids=[" ".join(a)[:60] for a, _ in BAD_35])
+def test_issue_35_streamed_refused(capsys, workdir, monkeypatch, args, names):
+    """Streamed-run flags refused in one line naming the flag, before the run starts."""
+    (workdir / "corrupt").mkdir()
+    (workdir / "corrupt" / "store.json").write_text("{not json")
+    (workdir / "corrupt" / "counts.npy").write_text("x")
+
+    def started(*args, **kwargs):
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(sys.modules["fedjax_sim.simulate"], "simulate", started)
+    monkeypatch.setattr(fedjax_sim.streaming, "simulate_streamed", started)
+    _refused(capsys, workdir, [*args, "--no-progress"], names)
 
 
 @pytest.mark.parametrize(
