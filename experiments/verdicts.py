@@ -323,7 +323,8 @@ QUAD_NOT_RUN = (
     "committed `area/quadratic.json` holds aggregates only)"
 )
 AREA_FRESH = (
-    "not run (~2 min, Fashion-MNIST is not on this machine): `area_logistic.py --train 60000 "
+    "not run (~2 min idle; Fashion-MNIST: Debian `dataset-fashion-mnist`): "
+    "`area_logistic.py --train 60000 "
     "--seeds 10 --first-seed 10 --horizon 20 --evals 40 --settings uniform --methods AREA "
     "FedBuff --method-grid AREA=100 FedBuff=10 --tag _seeds10_full60k_fresh_uniform`"
 )
@@ -710,8 +711,9 @@ ROWS: list[Row] = [
             differs=SS_T30,
             independent="independent: seeds 5-9 replicate seeds 0-4 (no selection either way)",
             cause="the logs' gap is at K = 200-400; at K = 100 our EF-FedAvg is still rising",
-            not_run="not run (~38 min on the idle 2 cores; Fashion-MNIST is not on this "
-            "machine): `stepsizes_fmnist.py --schedule fixed --seeds 5 --first-seed 5 --rounds "
+            not_run="not run (~38 min on the idle 2 cores; Fashion-MNIST: Debian "
+            "`dataset-fashion-mnist`): `stepsizes_fmnist.py --schedule fixed --seeds 5 "
+            "--first-seed 5 --rounds "
             f"100 --eval-every 10 --local-steps 30 --batch-size 64 --partitions {part} "
             "--algorithms FedAvg EF-FedAvg --inner-steps 1 --no-cap --tag "
             f"_T30b64_J1_uncapped_K100{suf}_fresh`",
