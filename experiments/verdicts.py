@@ -346,6 +346,12 @@ MIM_FRESH = (
     "FedAvg=0.2 --tag _fresh`"
 )
 
+# claim (ii)'s splits: (partition, file suffix, the logs' number as printed, its value)
+CLAIM_II_SPLITS = (
+    ("IID", "", "-1.3 (K = 100)", -1.3),
+    ("Non-IID2", "_nonIID2", "-11.1 (K = 400)", -11.1),
+    ("Non-IID1", "_nonIID1", "-28.6 (K = 200)", -28.6),
+)
 SS_T30 = "T = 30, batch 64 (the paper's), K = 100 (the paper: 400); 13-layer CNN as specified"
 SS_K24 = "T = 10, batch 16, K = 24 (the paper: T = 30, batch 64, K = 400)"
 SS_FIXED = "fixed s = 0.1 for every method, the paper's rule: no selection"
@@ -692,11 +698,7 @@ ROWS: list[Row] = [
             independent=SS_FIXED,
             cause="the logs' gap is at K = 200-400; at K = 100 our EF-FedAvg is still rising",
         )
-        for part, suf, pt, pv in (
-            ("IID", "", "-1.3 (K = 100)", -1.3),
-            ("Non-IID2", "_nonIID2", "-11.1 (K = 400)", -11.1),
-            ("Non-IID1", "_nonIID1", "-28.6 (K = 200)", -28.6),
-        )
+        for part, suf, pt, pv in CLAIM_II_SPLITS
     ],
     *[
         Row(
@@ -718,11 +720,7 @@ ROWS: list[Row] = [
             "--algorithms FedAvg EF-FedAvg --inner-steps 1 --no-cap --tag "
             f"_T30b64_J1_uncapped_K100{suf}_fresh`",
         )
-        for part, suf, pt, pv in (
-            ("IID", "", "-1.3 (K = 100)", -1.3),
-            ("Non-IID2", "_nonIID2", "-11.1 (K = 400)", -11.1),
-            ("Non-IID1", "_nonIID1", "-28.6 (K = 200)", -28.6),
-        )
+        for part, suf, pt, pv in CLAIM_II_SPLITS
     ],
     *[
         Row(
