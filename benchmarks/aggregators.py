@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from fedjax_sim.algorithms.compose import mean
 from fedjax_sim.algorithms.privacy import dp_mean
 from fedjax_sim.algorithms.robust import geometric_median, krum, median, trimmed_mean
-from fedjax_sim.bench.results import Recorder
+from fedjax_sim.app.bench.results import Recorder
 
 AGGREGATORS = {
     "mean": lambda m: mean(),

@@ -25,11 +25,11 @@ import numpy as np
 
 from fedjax_sim.algorithms import area
 from fedjax_sim.algorithms.core import LocalSpec
-from fedjax_sim.bench.results import Recorder
+from fedjax_sim.algorithms.events import Aggregation, Arrivals, Events
+from fedjax_sim.app.bench.results import Recorder
 from fedjax_sim.data import FederatedData, tree_size_bytes
-from fedjax_sim.events import Aggregation, Arrivals, Events
 from fedjax_sim.models import logistic_regression
-from fedjax_sim.parallel import ClientMap
+from fedjax_sim.runtime.parallel import ClientMap
 
 
 def make_data(num_clients: int, per_client: int, dim: int, seed: int = 0) -> FederatedData:

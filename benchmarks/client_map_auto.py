@@ -31,11 +31,12 @@ os.environ.setdefault("FEDJAX_SIM_CACHE_DIR", tempfile.mkdtemp(prefix="fedjax_au
 
 import jax  # noqa: E402
 
-from fedjax_sim import autotune, data, models  # noqa: E402
+from fedjax_sim import data, models
 from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg  # noqa: E402
-from fedjax_sim.bench import workloads  # noqa: E402
-from fedjax_sim.bench.results import Recorder  # noqa: E402
-from fedjax_sim.parallel import ClientMap  # noqa: E402
+from fedjax_sim.app.bench import workloads  # noqa: E402
+from fedjax_sim.app.bench.results import Recorder  # noqa: E402
+from fedjax_sim.runtime import autotune  # noqa: E402
+from fedjax_sim.runtime.parallel import ClientMap  # noqa: E402
 
 MODES = [("map", 1), ("map", 2), ("map", 4), ("map", 8), ("map", 16), ("vmap", None)]
 

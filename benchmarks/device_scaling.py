@@ -23,8 +23,8 @@ def worker(args: argparse.Namespace) -> None:
     import jax
 
     from fedjax_sim.algorithms import LocalSpec, fedavg
-    from fedjax_sim.bench.measure import machine_info
-    from fedjax_sim.parallel import ClientMap, client_mesh
+    from fedjax_sim.app.bench.measure import machine_info
+    from fedjax_sim.runtime.parallel import ClientMap, client_mesh
 
     sys.path.insert(0, os.path.dirname(__file__))
     from round_throughput import make_data
@@ -74,8 +74,8 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    from fedjax_sim.bench.results import Recorder
-    from fedjax_sim.distributed import host_device_flags  # JAX starts in the children
+    from fedjax_sim.app.bench.results import Recorder
+    from fedjax_sim.runtime.distributed import host_device_flags  # JAX starts in the children
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4])

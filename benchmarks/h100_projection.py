@@ -3,7 +3,7 @@
 No accelerator is available here. This script compiles each round from shapes only (no data
 is allocated) and reads XLA's cost analysis of the compiled round: FLOPs and bytes accessed,
 with every `lax.scan` body multiplied by its trip count (XLA counts loop bodies once; same
-correction as `fedjax_sim.bench.measure.loop_aware_flops`). The round time on one H100 SXM is
+correction as `fedjax_sim.app.bench.measure.loop_aware_flops`). The round time on one H100 SXM is
 then bounded below by the roofline `max(FLOPs / peak FLOP/s, bytes / HBM bandwidth)` with
 NVIDIA's published peaks (FP32 non-tensor 67 TFLOP/s, TF32 tensor 495 TFLOP/s dense, HBM3
 3.35 TB/s, 80 GB). Caveats: the cost analysis is XLA:CPU's (FLOPs do not depend on the
@@ -26,8 +26,8 @@ import argparse
 import jax
 from jax.extend import core as jex
 
-from fedjax_sim.bench import measure, suites, workloads
-from fedjax_sim.bench.results import Recorder
+from fedjax_sim.app.bench import measure, suites, workloads
+from fedjax_sim.app.bench.results import Recorder
 
 H100 = {
     "name": "NVIDIA H100 SXM5 80GB (published peaks)",

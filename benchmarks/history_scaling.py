@@ -19,8 +19,8 @@ import sys
 import tempfile
 import time
 
-from fedjax_sim.bench.results import Recorder
-from fedjax_sim.bench.suites import rss_of
+from fedjax_sim.app.bench.results import Recorder
+from fedjax_sim.app.bench.suites import rss_of
 
 
 def run(rounds: int, sample_s: float, extra: list[str]) -> dict:

@@ -25,7 +25,7 @@ import time
 import jax
 import numpy as np
 
-from fedjax_sim.bench.results import Recorder
+from fedjax_sim.app.bench.results import Recorder
 from fedjax_sim.data import buckets, jax_partition, load_fashion_mnist
 
 numpy_partition = importlib.import_module("fedjax_sim.data.partition")  # module, not function

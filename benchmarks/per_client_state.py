@@ -34,10 +34,10 @@ import numpy as np
 
 from fedjax_sim import algorithms
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
-from fedjax_sim.bench.results import Recorder
+from fedjax_sim.app.bench.results import Recorder
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models import logistic_regression
-from fedjax_sim.parallel import ClientMap
+from fedjax_sim.runtime.parallel import ClientMap
 
 FEATURES, CLASSES, PER_CLIENT = 32, 10, 8
 

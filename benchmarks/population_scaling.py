@@ -40,7 +40,7 @@ import time
 
 import numpy as np
 
-from fedjax_sim.bench.results import Recorder
+from fedjax_sim.app.bench.results import Recorder
 
 COHORT = 1000
 PER_CLIENT = 20
@@ -82,9 +82,9 @@ def run(args) -> dict:
     from fedjax_sim.data.procedural import Population, UniformClassification
     from fedjax_sim.data.store import ClientStore
     from fedjax_sim.models import mlp
-    from fedjax_sim.parallel import ClientMap
-    from fedjax_sim.simulate import EvalSpec, _compiled_chunk
-    from fedjax_sim.streaming import AlgorithmCohorts, UniformCohorts, simulate_streamed
+    from fedjax_sim.run.simulate import EvalSpec, _compiled_chunk
+    from fedjax_sim.run.streaming import AlgorithmCohorts, UniformCohorts, simulate_streamed
+    from fedjax_sim.runtime.parallel import ClientMap
 
     rss0 = _rss_gib()
     key = jax.random.key(0)
@@ -94,7 +94,7 @@ def run(args) -> dict:
     c = args.clients
     out = {"source": args.source, "clients": c, "cohort": COHORT, "rounds": args.rounds}
     if args.source == "device":
-        from fedjax_sim.bench import workloads
+        from fedjax_sim.app.bench import workloads
 
         w = workloads.preset("W1").replace(clients=c, per_client=PER_CLIENT)
         data = workloads.make_data(w)
@@ -164,12 +164,12 @@ def pair(args) -> None:
     import jax
 
     from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg
-    from fedjax_sim.bench import workloads
+    from fedjax_sim.app.bench import workloads
     from fedjax_sim.data.store import ClientStore
     from fedjax_sim.models import mlp
-    from fedjax_sim.parallel import ClientMap
-    from fedjax_sim.simulate import EvalSpec, _compiled_chunk
-    from fedjax_sim.streaming import AlgorithmCohorts, simulate_streamed
+    from fedjax_sim.run.simulate import EvalSpec, _compiled_chunk
+    from fedjax_sim.run.streaming import AlgorithmCohorts, simulate_streamed
+    from fedjax_sim.runtime.parallel import ClientMap
 
     key = jax.random.key(0)
     model = mlp((DIM,), CLASSES, hidden=(200, 200))

@@ -21,8 +21,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from fedjax_sim.bench.report import summary_text
-from fedjax_sim.bench.results import RESULTS, read_rows
+from fedjax_sim.app.bench.report import summary_text
+from fedjax_sim.app.bench.results import RESULTS, read_rows
 
 README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
 Row = dict[str, Any]

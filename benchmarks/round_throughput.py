@@ -7,7 +7,7 @@ Reports compile time, seconds/round (median and min of `--repeats` rounds), clie
 and the roofline ratio as rows in benchmarks/results/round_throughput.jsonl (`--out`
 elsewhere), in one process (for isolated
 measurements with peak memory per configuration use `fedjax-sim bench --suite modes
-baselines`, which runs the same measurements through `fedjax_sim.bench`).
+baselines`, which runs the same measurements through `fedjax_sim.app.bench`).
 
     python benchmarks/round_throughput.py --skip-vmap --map-batch 1 5
 """
@@ -19,9 +19,9 @@ import json
 
 import numpy as np
 
-from fedjax_sim.bench import measure, runner
-from fedjax_sim.bench.results import Recorder, now
-from fedjax_sim.bench.workloads import PRESETS
+from fedjax_sim.app.bench import measure, runner
+from fedjax_sim.app.bench.results import Recorder, now
+from fedjax_sim.app.bench.workloads import PRESETS
 from fedjax_sim.data import FederatedData
 
 

@@ -31,11 +31,11 @@ import numpy as np
 
 from fedjax_sim import EvalSpec
 from fedjax_sim.algorithms import CohortSpec, LocalSpec, scaffold
-from fedjax_sim.bench.results import Recorder
+from fedjax_sim.app.bench.results import Recorder
 from fedjax_sim.data.store import ClientStore, Dequantize, HostStore
 from fedjax_sim.models import mlp
-from fedjax_sim.parallel import ClientMap
-from fedjax_sim.streaming import AlgorithmCohorts, simulate_streamed
+from fedjax_sim.run.streaming import AlgorithmCohorts, simulate_streamed
+from fedjax_sim.runtime.parallel import ClientMap
 
 PER_CLIENT, DIM, CLASSES = 20, 784, 10
 

@@ -27,9 +27,9 @@ def profile(runs: int, rounds: int, top: int) -> list[tuple[str, float, int]]:
     """`(HLO op, total ms, calls)` of one sweep of `runs` runs x `rounds` rounds."""
     import jax
 
-    from fedjax_sim.config import RunConfig, build_run
-    from fedjax_sim.simulate import EvalSpec
-    from fedjax_sim.sweep import sweep
+    from fedjax_sim.app.config import RunConfig, build_run
+    from fedjax_sim.run.simulate import EvalSpec
+    from fedjax_sim.run.sweep import sweep
 
     dataset, model, alg, _ = build_run(RunConfig())
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--out", help="JSON lines (default benchmarks/results/sweep_profile.jsonl)")
     args = ap.parse_args(argv)
-    from fedjax_sim.bench.results import Recorder
+    from fedjax_sim.app.bench.results import Recorder
 
     argv = sys.argv if argv is None else [sys.argv[0], *argv]
     rec = Recorder("sweep_profile", args.out, argv=argv)

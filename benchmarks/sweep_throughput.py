@@ -48,10 +48,10 @@ def train_flops(model, examples_per_round: int) -> float:
 
 def build(workload: str):
     """`(algorithm, data, test, model, eval spec, training FLOPs per round)`."""
-    from fedjax_sim.simulate import EvalSpec
+    from fedjax_sim.run.simulate import EvalSpec
 
     if workload == "digits":
-        from fedjax_sim.cli import RunConfig, build_run
+        from fedjax_sim.app.cli import RunConfig, build_run
 
         cfg = RunConfig()
         dataset, model, alg, _ = build_run(cfg)
@@ -64,7 +64,7 @@ def build(workload: str):
             EvalSpec(every=20),
             train_flops(model, examples),
         )
-    from fedjax_sim.bench import workloads
+    from fedjax_sim.app.bench import workloads
 
     w = workloads.preset("W1").replace(clients=100)
     data = workloads.make_data(w)
@@ -99,7 +99,7 @@ def _best_over_cores(f, *args) -> float:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from fedjax_sim.sweep import RUNS_AXIS, runs_mesh
+    from fedjax_sim.run.sweep import RUNS_AXIS, runs_mesh
 
     mesh, spec = runs_mesh(), P(RUNS_AXIS)
     sharded = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=spec, out_specs=spec))
@@ -214,8 +214,8 @@ def measure(workload: str, runs: int, mode: str, rounds: int, max_seq: int) -> d
     """One measurement (run in a child process)."""
     import jax
 
-    from fedjax_sim.simulate import simulate
-    from fedjax_sim.sweep import sweep
+    from fedjax_sim.run.simulate import simulate
+    from fedjax_sim.run.sweep import sweep
 
     if mode == "matmul":
         return {
@@ -244,7 +244,7 @@ def measure(workload: str, runs: int, mode: str, rounds: int, max_seq: int) -> d
                     progress=False,
                 )
     else:
-        from fedjax_sim.sweep import runs_mesh
+        from fedjax_sim.run.sweep import runs_mesh
 
         calls = runs
         group = runs if mode == "sweep-all" else None
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = ["sequential"] + [f"sweep-{g}" for g in args.groups]
     if args.ceiling:
         modes.append("matmul")
-    from fedjax_sim.bench.results import Recorder
+    from fedjax_sim.app.bench.results import Recorder
 
     argv = sys.argv if argv is None else [sys.argv[0], *argv]
     rec = Recorder("sweep_throughput", args.out, argv=argv, machine=False)

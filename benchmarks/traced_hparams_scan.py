@@ -15,10 +15,10 @@ import dataclasses
 import inspect
 
 from fedjax_sim import algorithms
-from fedjax_sim.bench.results import Recorder
-from fedjax_sim.config import RunConfig, hyper_parameters
-from fedjax_sim.sweep import abstract_run
-from fedjax_sim.sweep_cli import GRID_FLAGS, build_sweep
+from fedjax_sim.app.bench.results import Recorder
+from fedjax_sim.app.config import RunConfig, hyper_parameters
+from fedjax_sim.app.sweep_cli import GRID_FLAGS, build_sweep
+from fedjax_sim.run.sweep import abstract_run
 
 STATIC = ("batch_size", "inner_steps", "num_clients", "k", "buffer_size")  # shapes / counts
 

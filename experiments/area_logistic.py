@@ -44,13 +44,13 @@ from fedjax_sim.algorithms import (
     sample_size_scale,
 )
 from fedjax_sim.algorithms.core import LocalSpec
+from fedjax_sim.algorithms.events import Aggregation, Arrivals, Events, normal_rates
 from fedjax_sim.data import pack
 from fedjax_sim.data.builtin import read_fashion_mnist
 from fedjax_sim.data.partition import partition
-from fedjax_sim.events import Aggregation, Arrivals, Events, normal_rates
 from fedjax_sim.models import logistic_regression
-from fedjax_sim.simulate import EvalSpec
-from fedjax_sim.sweep import mean_ci, sweep
+from fedjax_sim.run.simulate import EvalSpec
+from fedjax_sim.run.sweep import mean_ci, sweep
 
 METHODS = ("AREA", "S-FedAvg", "AS-FedAvg", "FedBuff", "MIFA")
 NU = 1e-3
@@ -107,7 +107,7 @@ def build(method, model, events, alpha, local, scale):
 
 def simulate_method(method, model, rates, alphas, seeds, data, pooled, test, local, steps, evals):
     """Normalised-loss inputs: f(x_s), test accuracy and time at `evals` points, `[A, S, E]`,
-    and the `SweepResult`. One `fedjax_sim.sweep.sweep` over alpha x seeds (one compiled
+    and the `SweepResult`. One `fedjax_sim.run.sweep.sweep` over alpha x seeds (one compiled
     program; one round of the sweep = one event of the continuous-time model)."""
     events = Events(Arrivals.categorical(rates), Aggregation.every(4))
     scale = sample_size_scale(np.asarray(data.counts))

@@ -41,8 +41,8 @@ import optax  # noqa: E402
 
 from fedjax_sim.algorithms import area, as_fedavg, fedbuff, mifa, s_fedavg  # noqa: E402
 from fedjax_sim.algorithms.core import LocalSpec  # noqa: E402
+from fedjax_sim.algorithms.events import Aggregation, Arrivals, Events, normal_rates  # noqa: E402
 from fedjax_sim.data import toy_quadratic  # noqa: E402
-from fedjax_sim.events import Aggregation, Arrivals, Events, normal_rates  # noqa: E402
 from fedjax_sim.models import linear_regression  # noqa: E402
 
 GRID = (1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3)

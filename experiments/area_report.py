@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from fedjax_sim.sweep import mean_ci
+from fedjax_sim.run.sweep import mean_ci
 
 DIR = os.path.join(os.path.dirname(__file__), "results", "area")
 METHODS = ("AREA", "S-FedAvg", "AS-FedAvg", "FedBuff", "MIFA")

@@ -26,8 +26,8 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from fedjax_sim.convergence import rounds_to_target, speedup  # noqa: E402
-from fedjax_sim.sweep import mean_ci  # noqa: E402
+from fedjax_sim.run.convergence import rounds_to_target, speedup  # noqa: E402
+from fedjax_sim.run.sweep import mean_ci  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "fedlps")
 

@@ -16,7 +16,7 @@ curves. If the JSON file exists and was made with the same configuration (everyt
 settings, betas and FedProx alphas), its cells are kept and only the missing ones are run
 (`--fresh` starts over).
 
-With `--seeds N` (N >= 2) each setting is instead ONE `fedjax_sim.sweep.sweep` over
+With `--seeds N` (N >= 2) each setting is instead ONE `fedjax_sim.run.sweep.sweep` over
 beta in {1 (= FedAvg with the graph weights), --betas} x seeds 0..N-1: the seed drives the
 model init (PyTorch-like, as above) and the minibatch order, the partition and graph stay
 those of `--seed`. Written to `sweep_<dataset>_<model>_<setting>/` beside the JSON (per-run
@@ -40,12 +40,12 @@ import numpy as np
 from fedjax_sim.algorithms import fedavg, fedlps, fedprox
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
 from fedjax_sim.algorithms.similarity import graph_from_data
-from fedjax_sim.convergence import rounds_to_target
 from fedjax_sim.data.builtin import read_fashion_mnist
 from fedjax_sim.data.unseen import federate_unseen, split_pool
 from fedjax_sim.models import logistic_regression, mlp
-from fedjax_sim.simulate import EvalSpec, simulate
-from fedjax_sim.sweep import mean_ci, sweep
+from fedjax_sim.run.convergence import rounds_to_target
+from fedjax_sim.run.simulate import EvalSpec, simulate
+from fedjax_sim.run.sweep import mean_ci, sweep
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "fedlps")
 
@@ -325,7 +325,7 @@ def main() -> None:
         ap.add_argument(f"--{k}", type=float)
     ap.add_argument("--out", default=None, help="JSON path (default results/fedlps/...)")
     ap.add_argument("--fresh", action="store_true", help="ignore cells of an existing JSON")
-    ap.add_argument("--seeds", type=int, default=None, help="N seeds with fedjax_sim.sweep")
+    ap.add_argument("--seeds", type=int, default=None, help="N seeds with fedjax_sim.run.sweep")
     ap.add_argument("--tag", default="", help="suffix of the --seeds output names")
     args = ap.parse_args()
     if args.seeds is not None:

@@ -22,7 +22,7 @@ Usage (one partition per invocation; `nice` on a shared machine):
     PYTHONPATH=. python experiments/fedmim_report.py      # curves + markdown table
 Writes experiments/results/fedmim/dir<alpha>.json.
 
-With `--seeds N` every method is one `fedjax_sim.sweep.sweep` over its client-lr grid
+With `--seeds N` every method is one `fedjax_sim.run.sweep.sweep` over its client-lr grid
 (`--grid`, per method `--method-grid NAME=a,b,c`) x seeds 0..N-1 (one compiled program; a
 seed changes the initial model and the cohort / minibatch draws, the partition is seed
 0's). Writes `results/fedmim/sweep_dir<alpha><tag>.json` (every run's accuracy and C_t
@@ -52,13 +52,13 @@ from fedjax_sim.algorithms import (
     scaffold,
 )
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
+from fedjax_sim.algorithms.schedules import round_decay
 from fedjax_sim.data import pack
 from fedjax_sim.data.federated import ArrayData
 from fedjax_sim.data.idx import read_fashion_mnist
 from fedjax_sim.models import cnn
-from fedjax_sim.schedules import round_decay
-from fedjax_sim.simulate import EvalSpec, evaluate_central
-from fedjax_sim.sweep import runs_mesh, sweep
+from fedjax_sim.run.simulate import EvalSpec, evaluate_central
+from fedjax_sim.run.sweep import runs_mesh, sweep
 
 ALGORITHMS = ("FedAvg", "FedAdam", "SCAFFOLD", "FedCM", "FedDyn", "FedSAM", "FedMIM")
 OUT_DIR = os.path.join(os.path.dirname(__file__), "results", "fedmim")
@@ -208,7 +208,7 @@ def main() -> None:
     p.add_argument("--test", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
-    p.add_argument("--seeds", type=int, default=None, help="N seeds with fedjax_sim.sweep")
+    p.add_argument("--seeds", type=int, default=None, help="N seeds with fedjax_sim.run.sweep")
     p.add_argument("--first-seed", type=int, default=0,
                    help="--seeds N runs seeds FIRST..FIRST+N-1 (same partition)")  # fmt: skip
     p.add_argument("--grid", type=float, nargs="+", default=None, help="client lrs (--seeds)")

@@ -32,7 +32,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fedjax_sim.sweep import mean_ci  # noqa: E402
+from fedjax_sim.run.sweep import mean_ci  # noqa: E402
 
 DIR = os.path.join(os.path.dirname(__file__), "results", "fedmim")
 # gradient-step damping of fedmim_fmnist.py's configurations (1 for the undamped methods)

@@ -26,10 +26,10 @@ from fedjax_sim.algorithms import (
     scaffold,
 )
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
-from fedjax_sim.dro import plot_worst_vs_average
-from fedjax_sim.history import History
-from fedjax_sim.simulate import EvalSpec
-from fedjax_sim.sweep import runs_mesh, sweep
+from fedjax_sim.run.dro import plot_worst_vs_average
+from fedjax_sim.run.history import History
+from fedjax_sim.run.simulate import EvalSpec
+from fedjax_sim.run.sweep import runs_mesh, sweep
 
 METHODS = (
     "FedAvg",
@@ -114,7 +114,7 @@ def run_all(
     methods, seeds, *, data, test, model, rounds, every, extra, hp, out_path, worst, mean,
     grids=None, worst_loss=None,
 ):  # fmt: skip
-    """Runs every (method, seed): one `fedjax_sim.sweep.sweep` per method (run r =
+    """Runs every (method, seed): one `fedjax_sim.run.sweep.sweep` per method (run r =
     `simulate` with key(seed_r)), over seeds only or, with `grids[name]` (`{"lr": step
     sizes}`, optionally `"beta": rates}`), over that method's grid x seeds (traced: one
     compiled program); appends rows (with the row's `lr`, and `beta` where it was swept) to

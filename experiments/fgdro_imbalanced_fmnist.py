@@ -39,8 +39,8 @@ from fgdro_common import ADAM_LR, BETA_METHODS, METHODS, plot_rows, run_all, tab
 from fedjax_sim.data.builtin import read_fashion_mnist
 from fedjax_sim.data.dataset import federate
 from fedjax_sim.data.federated import ArrayData
-from fedjax_sim.dro import dro_evaluator
 from fedjax_sim.models import cnn
+from fedjax_sim.run.dro import dro_evaluator
 
 SKIPPED = ("SCAFFOLD", "FedProx", "LocalAdam")  # CPU budget; all three run via --methods
 OUT = os.path.join(os.path.dirname(__file__), "results", "fgdro")

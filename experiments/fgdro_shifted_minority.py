@@ -20,8 +20,8 @@ import os
 from fgdro_common import METHODS, plot_rows, run_all, table
 
 from fedjax_sim.data.builtin import load_shifted_minority
-from fedjax_sim.dro import dro_evaluator
 from fedjax_sim.models import logistic_regression
+from fedjax_sim.run.dro import dro_evaluator
 
 OUT = os.path.join(os.path.dirname(__file__), "results", "fgdro")
 

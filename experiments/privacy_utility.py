@@ -11,7 +11,7 @@ Population: digits' 1797 examples, a stratified 20 % (360) held out as the centr
 the other 1437 split iid over C = 1000 clients (1-2 examples each: user-level DP is close to
 example-level here); q = 0.1, so the expected cohort is m = qC = 100 (the fixed denominator).
 
-Every configuration is one `fedjax_sim.sweep.sweep` over 3 seeds (one compiled program; the
+Every configuration is one `fedjax_sim.run.sweep.sweep` over 3 seeds (one compiled program; the
 seeds change the model init, the cohorts, the local batches and the DP noise; the data split
 is fixed). Each configuration equals
 
@@ -45,7 +45,7 @@ import time
 import numpy as np
 
 from fedjax_sim import models
-from fedjax_sim.config import (
+from fedjax_sim.app.config import (
     RunConfig,
     algorithm_factory,
     algorithm_kwargs,
@@ -53,8 +53,8 @@ from fedjax_sim.config import (
     privacy_accounting,
 )
 from fedjax_sim.data.dataset import ArrayData, federate
-from fedjax_sim.simulate import EvalSpec
-from fedjax_sim.sweep import mean_ci, sweep
+from fedjax_sim.run.simulate import EvalSpec
+from fedjax_sim.run.sweep import mean_ci, sweep
 
 EPSILONS = (1.0, 2.0, 4.0, 8.0, math.inf)
 

@@ -17,7 +17,7 @@ n - f = 40, geometric median 10 smoothed Weiszfeld iterations (nu = 1e-6), cente
 tau = 1 and 1 iteration (the library defaults). Attack parameters are the library defaults:
 sign flip -1 x, scaling x10, Gaussian N(0, 1) per coordinate, ALIE z = 1.
 
-Each (aggregator, attack, fraction) is one `fedjax_sim.sweep.sweep` over 3 seeds, i.e.
+Each (aggregator, attack, fraction) is one `fedjax_sim.run.sweep.sweep` over 3 seeds, i.e.
 
     fedjax-sim sweep --seeds 3 --num-clients 50 --cohort-size None --rounds 100 \
         --eval-every 25 --aggregator AGG --aggregator-args ... --attack ATTACK \
@@ -41,10 +41,10 @@ import time
 
 import numpy as np
 
-from fedjax_sim.config import algorithm_factory, algorithm_kwargs, build_run
-from fedjax_sim.simulate import EvalSpec
-from fedjax_sim.sweep import mean_ci, sweep
-from fedjax_sim.sweep_cli import SweepConfig
+from fedjax_sim.app.config import algorithm_factory, algorithm_kwargs, build_run
+from fedjax_sim.app.sweep_cli import SweepConfig
+from fedjax_sim.run.simulate import EvalSpec
+from fedjax_sim.run.sweep import mean_ci, sweep
 
 AGGREGATORS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mean": ("mean", ()),

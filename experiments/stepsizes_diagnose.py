@@ -39,8 +39,8 @@ from stepsizes_fmnist import PARTITIONS, federated, make_algorithm, make_schedul
 from fedjax_sim.data.federated import Batch  # noqa: E402
 from fedjax_sim.models import lenet  # noqa: E402
 from fedjax_sim.models.lenet import _LeNet  # noqa: E402
-from fedjax_sim.parallel import ClientMap  # noqa: E402
-from fedjax_sim.simulate import evaluate_clients  # noqa: E402
+from fedjax_sim.run.simulate import evaluate_clients  # noqa: E402
+from fedjax_sim.runtime.parallel import ClientMap  # noqa: E402
 
 
 def client_batch(train, client: int, key, batch_size: int) -> Batch:

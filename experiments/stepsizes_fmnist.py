@@ -16,7 +16,7 @@ Usage (one schedule per invocation keeps each run short; `nice` on a shared mach
     PYTHONPATH=. python experiments/stepsizes_report.py   # curves + markdown table
 Writes experiments/results/stepsizes/<schedule>.json.
 
-With `--seeds N` every algorithm x split is one `fedjax_sim.sweep.sweep` over seeds 0..N-1
+With `--seeds N` every algorithm x split is one `fedjax_sim.run.sweep.sweep` over seeds 0..N-1
 (one compiled program per algorithm; the seed drives the network init and the minibatches,
 the partition stays the one of `--seed`), written to
 `<out>/sweep_<schedule><tag>/<algorithm>_<split>/` (histories.json, runs.csv, summary.csv,
@@ -34,18 +34,18 @@ import time
 import jax
 import numpy as np
 
-from fedjax_sim import schedules
+from fedjax_sim.algorithms import schedules
+from fedjax_sim.algorithms.compression import TopK
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
 from fedjax_sim.algorithms.fixed_point import ef_fedavg, ef_fedprox, fp_fedavg, fp_fedprox
-from fedjax_sim.compression import TopK
 from fedjax_sim.data import pack
 from fedjax_sim.data.builtin import read_fashion_mnist
 from fedjax_sim.data.federated import with_client_test
 from fedjax_sim.data.partition import PARTITIONERS
 from fedjax_sim.models import count_params, lenet
-from fedjax_sim.parallel import ClientMap
-from fedjax_sim.simulate import EvalSpec, evaluate_clients
-from fedjax_sim.sweep import mean_ci, sweep
+from fedjax_sim.run.simulate import EvalSpec, evaluate_clients
+from fedjax_sim.run.sweep import mean_ci, sweep
+from fedjax_sim.runtime.parallel import ClientMap
 
 PARTITIONS = {"IID": "iid_shards", "Non-IID2": "class_halves", "Non-IID1": "one_class"}
 ALGORITHMS = ("FedAvg", "FedProx", "EF-FedAvg", "EF-FedProx")
@@ -124,7 +124,10 @@ def main() -> None:
     ap.add_argument("--eval-per-client", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
-        "--seeds", type=int, default=None, help="N seeds per cell with fedjax_sim.sweep (0..N-1)"
+        "--seeds",
+        type=int,
+        default=None,
+        help="N seeds per cell with fedjax_sim.run.sweep",
     )
     ap.add_argument("--first-seed", type=int, default=0,
                     help="--seeds N runs seeds FIRST..FIRST+N-1 (same partitions)")  # fmt: skip

@@ -27,7 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from stepsizes_fmnist import STATED_DECAY_POWER  # noqa: E402  (files without decay_power ran it)
 
-from fedjax_sim.sweep import mean_ci  # noqa: E402
+from fedjax_sim.run.sweep import mean_ci  # noqa: E402
 
 PARTITIONS = ("IID", "Non-IID2", "Non-IID1")
 ALGORITHMS = ("FedAvg", "FedProx", "EF-FedAvg", "EF-FedProx")

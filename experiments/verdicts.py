@@ -43,8 +43,8 @@ import fedmim_report  # noqa: E402
 import fgdro_report  # noqa: E402
 import stepsizes_report  # noqa: E402
 
-from fedjax_sim.convergence import rounds_to_target, speedup  # noqa: E402
-from fedjax_sim.sweep import mean_ci  # noqa: E402
+from fedjax_sim.run.convergence import rounds_to_target, speedup  # noqa: E402
+from fedjax_sim.run.sweep import mean_ci  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 README = os.path.join(os.path.dirname(__file__), "README.md")

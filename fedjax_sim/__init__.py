@@ -59,12 +59,12 @@ from fedjax_sim.algorithms.compose import (
     mean,
 )
 from fedjax_sim.data import ArrayData, Batch, FederatedData
-from fedjax_sim.history import History
-from fedjax_sim.loop import NonFiniteError
 from fedjax_sim.models import Model
-from fedjax_sim.parallel import ClientMap
-from fedjax_sim.simulate import EvalSpec, simulate
-from fedjax_sim.streaming import simulate_streamed
+from fedjax_sim.run.history import History
+from fedjax_sim.run.loop import NonFiniteError
+from fedjax_sim.run.simulate import EvalSpec, simulate
+from fedjax_sim.run.streaming import simulate_streamed
+from fedjax_sim.runtime.parallel import ClientMap
 
 __version__ = "0.1.0"
 

@@ -1,5 +1,5 @@
 import sys
 
-from fedjax_sim.cli import main
+from fedjax_sim.app.cli import main
 
 sys.exit(main())

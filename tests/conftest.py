@@ -4,7 +4,7 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # ClientMap("auto") uses its static rule in tests (measuring is timing-dependent; see
-# fedjax_sim/autotune.py); tests/test_autotune.py turns it on explicitly.
+# fedjax_sim/runtime/autotune.py); tests/test_autotune.py turns it on explicitly.
 os.environ.setdefault("FEDJAX_SIM_AUTOTUNE", "0")
 
 import jax  # noqa: E402

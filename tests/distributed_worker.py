@@ -23,17 +23,17 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from fedjax_sim import distributed  # noqa: E402
 from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg, fedprox  # noqa: E402
 from fedjax_sim.algorithms.area import area  # noqa: E402
-from fedjax_sim.algorithms.core import local_train, minibatch  # noqa: E402
+from fedjax_sim.algorithms.core import declared_rows, local_train, minibatch  # noqa: E402
 from fedjax_sim.algorithms.fedbuff import fedbuff  # noqa: E402
 from fedjax_sim.algorithms.scaffold import scaffold  # noqa: E402
 from fedjax_sim.data import least_squares  # noqa: E402
 from fedjax_sim.models import linear_regression  # noqa: E402
-from fedjax_sim.parallel import ClientMap, client_mesh  # noqa: E402
-from fedjax_sim.simulate import EvalSpec, simulate  # noqa: E402
-from fedjax_sim.sweep import runs_mesh, sweep  # noqa: E402
+from fedjax_sim.run.simulate import EvalSpec, simulate  # noqa: E402
+from fedjax_sim.run.sweep import runs_mesh, sweep  # noqa: E402
+from fedjax_sim.runtime import distributed  # noqa: E402
+from fedjax_sim.runtime.parallel import ClientMap, client_mesh  # noqa: E402
 
 ROUNDS = 4
 # (algorithm, cohort, map mode): FedAvg, and FedProx (momentum client optimizer, proximal
@@ -56,7 +56,7 @@ def run(alg, data, rounds=ROUNDS, mesh=None):
     key = jax.random.key(0)
     state = alg.init({"w": jnp.ones(3)}, key)
     if mesh is not None:
-        state, data = distributed.place_run(alg, state, data, mesh)
+        state, data = distributed.place_run(state, data, mesh, rows=declared_rows(alg, state))
     step = jax.jit(alg.step)
     for r in range(rounds):
         state, _ = step(state, data, jax.random.fold_in(key, r))
@@ -239,7 +239,9 @@ def placement(out):
         alg = make(cmap)
         state, run_data = alg.init({"w": jnp.ones(16)}, key), data
         if label == "sharded":
-            state, run_data = distributed.place_run(alg, state, data, mesh)
+            state, run_data = distributed.place_run(
+                state, data, mesh, rows=declared_rows(alg, state)
+            )
             leaves = {
                 "params": state.params["w"],
                 "control_variates": state.rows["control_variates"]["w"],

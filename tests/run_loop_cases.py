@@ -21,10 +21,10 @@ from fedjax_sim import EvalSpec, simulate
 from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg, scaffold
 from fedjax_sim.data import load_digits
 from fedjax_sim.data.store import ClientStore
-from fedjax_sim.history import History
 from fedjax_sim.models import logistic_regression
-from fedjax_sim.streaming import AlgorithmCohorts, simulate_streamed
-from fedjax_sim.sweep import sweep
+from fedjax_sim.run.history import History
+from fedjax_sim.run.streaming import AlgorithmCohorts, simulate_streamed
+from fedjax_sim.run.sweep import sweep
 
 PINS = os.path.join(os.path.dirname(__file__), "run_loop_pins.npz")
 PINS_RECORD = os.path.join(os.path.dirname(__file__), "run_loop_pins.json")

@@ -10,9 +10,9 @@ import time
 import pytest
 from scipy.stats import norm
 
-from fedjax_sim import accounting
-from fedjax_sim.accounting import PrivacyAccounting
-from fedjax_sim.cli import main
+from fedjax_sim.algorithms import accounting
+from fedjax_sim.algorithms.accounting import PrivacyAccounting
+from fedjax_sim.app.cli import main
 
 
 def _gaussian_delta(epsilon: float, sigma: float) -> float:

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_sim import autotune
-from fedjax_sim.parallel import ClientMap
+from fedjax_sim.runtime import autotune
+from fedjax_sim.runtime.parallel import ClientMap
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def test_measure_times_every_candidate(tuning):
     def run(w, x, s):
         key, closed, out_tree = autotune.cache_key(_client(w), (x, s), True)
         times = autotune.measure(
-            _client(w), (x, s), True, closed, out_tree, candidates=(1, 2, 4, 8, 16, None)
+            _client(w), (x, s), True, closed, out_tree, ClientMap, candidates=(1, 2, 4, 8, 16, None)
         )
         assert set(times) == {"1", "2", "4", "vmap"}  # chunks >= the cohort are vmap
         assert all(t > 0 for t in times.values())
@@ -155,7 +155,7 @@ def test_recorded_mode_reproduces_the_auto_run(tuning, monkeypatch, tmp_path, ca
     """`fedjax-sim run` records the measured mode (history.json, summary line); passing it
     explicitly reproduces the run bit for bit. The evaluation follows the round's mode (one
     measurement, not two)."""
-    from fedjax_sim import cli
+    from fedjax_sim.app import cli
 
     calls = []
     monkeypatch.setattr(autotune, "measure", _fake_measure(calls, best="4"))
@@ -179,7 +179,7 @@ def test_auto_without_measuring_is_the_static_rule(monkeypatch):
 
 
 def test_fit_population_chooses_device_then_streamed():
-    from fedjax_sim.parallel import fit_population
+    from fedjax_sim.runtime.parallel import fit_population
 
     kw = dict(data_bytes_per_client=1000, per_client_bytes=100, backend="gpu")
     small = fit_population(1000, 10, budget_bytes=20_000_000, **kw)

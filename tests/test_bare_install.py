@@ -30,7 +30,7 @@ class Hide:
 
 
 sys.meta_path.insert(0, Hide())
-from fedjax_sim.cli import main
+from fedjax_sim.app.cli import main
 
 results = []
 for argv in json.loads(sys.argv[2]):

@@ -1,11 +1,11 @@
-"""Value checks shared by the algorithms and the command line (`fedjax_sim.checks`)."""
+"""Value checks shared by the algorithms and the command line (`fedjax_sim.core.checks`)."""
 
 import jax
 import jax.numpy as jnp
 import pytest
 
-from fedjax_sim import validate
-from fedjax_sim.checks import (
+from fedjax_sim.app import validate
+from fedjax_sim.core.checks import (
     INT32_MAX,
     POSITIVE_INT,
     Range,

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from fedjax_sim import validate
-from fedjax_sim.cli import main
-from fedjax_sim.config import RunConfig
+from fedjax_sim.app import validate
+from fedjax_sim.app.cli import main
+from fedjax_sim.app.config import RunConfig
 
 
 def _run(*args, cwd=None):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fedjax_sim import data
-from fedjax_sim.cli import main
+from fedjax_sim.app.cli import main
 from fedjax_sim.data.store import write_client_store
 
 C = 12

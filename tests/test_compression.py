@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_sim import compression as C
+from fedjax_sim.algorithms import compression as C
 from fedjax_sim.algorithms import fedavg
 from fedjax_sim.algorithms.compose import error_feedback
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedjax_sim import algorithms
-from fedjax_sim.config import (
+from fedjax_sim.app.config import (
     ALGORITHM_FLAGS,
     RunConfig,
     UsageError,
@@ -18,7 +18,7 @@ from fedjax_sim.config import (
 )
 from fedjax_sim.data import least_squares
 from fedjax_sim.models import linear_regression
-from fedjax_sim.parallel import ClientMap
+from fedjax_sim.runtime.parallel import ClientMap
 
 BASE = dict(num_clients=6, cohort_size=4, local_steps=3, batch_size=4, client_lr=0.05)
 # flag -> the value a test run sets (the base run uses BASE and RunConfig's defaults)

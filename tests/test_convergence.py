@@ -5,10 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_sim.convergence import pooled_accuracy, rounds_to_target, speedup
 from fedjax_sim.data import ArrayData, pack
 from fedjax_sim.models import logistic_regression
-from fedjax_sim.simulate import evaluate_central
+from fedjax_sim.run.convergence import pooled_accuracy, rounds_to_target, speedup
+from fedjax_sim.run.simulate import evaluate_central
 
 
 def test_pooled_accuracy_is_size_weighted_client_mean():

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from fedjax_sim import distributed
 from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedprox
 from fedjax_sim.data import least_squares
 from fedjax_sim.models import linear_regression
-from fedjax_sim.parallel import ClientMap, client_mesh
+from fedjax_sim.runtime import distributed
+from fedjax_sim.runtime.parallel import ClientMap, client_mesh
 
 WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
 CASES = [

@@ -1,4 +1,4 @@
-"""Group-DRO evaluation (`fedjax_sim.dro`): per-group stats vs NumPy, summaries, and the
+"""Group-DRO evaluation (`fedjax_sim.run.dro`): per-group stats vs NumPy, summaries, and the
 `EvalSpec.extra` hook end to end with `simulate` (natural split, FGDRO-KL, plot)."""
 
 import os
@@ -11,10 +11,10 @@ import pytest
 from fedjax_sim.algorithms import fgdro_kl
 from fedjax_sim.algorithms.core import LocalSpec
 from fedjax_sim.data.builtin import load_shifted_minority
-from fedjax_sim.dro import dro_evaluator, group_stats, plot_worst_vs_average, summarize
 from fedjax_sim.models import logistic_regression
-from fedjax_sim.parallel import ClientMap
-from fedjax_sim.simulate import EvalSpec, simulate
+from fedjax_sim.run.dro import dro_evaluator, group_stats, plot_worst_vs_average, summarize
+from fedjax_sim.run.simulate import EvalSpec, simulate
+from fedjax_sim.runtime.parallel import ClientMap
 
 
 def _np_softmax_ce(logits, y):

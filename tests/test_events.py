@@ -1,11 +1,12 @@
-"""The asynchronous event engine (fedjax_sim.events) against closed forms and direct counts."""
+"""The asynchronous event engine (fedjax_sim.algorithms.events) against closed forms and
+direct counts."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_sim.events import (
+from fedjax_sim.algorithms.events import (
     Aggregation,
     Arrivals,
     Availability,

@@ -13,10 +13,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import fedjax_sim.streaming
-import fedjax_sim.sweep
-from fedjax_sim import cli, validate
-from fedjax_sim.checkpoint import Checkpointer
+import fedjax_sim.run.streaming
+import fedjax_sim.run.sweep
+from fedjax_sim.app import cli, validate
+from fedjax_sim.run.checkpoint import Checkpointer
 
 NONFINITE = ["nan", "inf", "-inf", "1e39", "-1e39"]
 FLOAT_FLAGS = ["--client-lr", "--server-lr", "--alpha", "--l2", "--mu", "--client-lr-decay"]
@@ -471,8 +471,8 @@ def test_issue_35_streamed_refused(capsys, workdir, monkeypatch, args, names):
     def started(*args, **kwargs):
         raise AssertionError("the run started")
 
-    monkeypatch.setattr(sys.modules["fedjax_sim.simulate"], "simulate", started)
-    monkeypatch.setattr(fedjax_sim.streaming, "simulate_streamed", started)
+    monkeypatch.setattr(sys.modules["fedjax_sim.run.simulate"], "simulate", started)
+    monkeypatch.setattr(fedjax_sim.run.streaming, "simulate_streamed", started)
     _refused(capsys, workdir, [*args, "--no-progress"], names)
 
 
@@ -486,7 +486,7 @@ def test_issue_34_refused_before_compiling(capsys, workdir, monkeypatch, args, n
     def started(*args, **kwargs):
         raise AssertionError("the sweep started")
 
-    monkeypatch.setattr(fedjax_sim.sweep, "sweep", started)
+    monkeypatch.setattr(fedjax_sim.run.sweep, "sweep", started)
     _refused(capsys, workdir, [*args, "--no-progress"], names)
 
 
@@ -499,14 +499,14 @@ def test_issue_34_hparam_ranges_refused_before_running(capsys, workdir, monkeypa
     def started(*args, **kwargs):
         raise AssertionError("the run started")
 
-    monkeypatch.setattr(sys.modules["fedjax_sim.simulate"], "simulate", started)
+    monkeypatch.setattr(sys.modules["fedjax_sim.run.simulate"], "simulate", started)
     _refused(capsys, workdir, [*args, "--no-progress"], names)
 
 
 def test_sweep_interrupt_names_the_saved_checkpoint(capsys, workdir, monkeypatch):
     """Ctrl-C after round 2 of a checkpointed sweep: exit 130 and the checkpoint's folder,
     which holds round 2."""
-    from fedjax_sim.history import History
+    from fedjax_sim.run.history import History
 
     append = History.append_eval
 

@@ -1,8 +1,9 @@
-"""Memory sizing (`fedjax_sim.memory`): one reader of the host's memory, one default budget."""
+"""Memory sizing (`fedjax_sim.runtime.memory`): one reader of the host's memory, one default
+budget."""
 
 import pathlib
 
-from fedjax_sim import memory
+from fedjax_sim.runtime import memory
 
 GiB = 2**30
 

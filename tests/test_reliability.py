@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 
-from fedjax_sim import validate
-from fedjax_sim.config import RunConfig
-from fedjax_sim.history import History, HistoryWriter
+from fedjax_sim.app import validate
+from fedjax_sim.app.config import RunConfig
+from fedjax_sim.run.history import History, HistoryWriter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -79,7 +79,7 @@ SAVER = textwrap.dedent(
     """
     import sys
     import jax, jax.numpy as jnp
-    from fedjax_sim.checkpoint import Checkpointer
+    from fedjax_sim.run.checkpoint import Checkpointer
     ckpt = Checkpointer(sys.argv[1], max_to_keep=2)
     for r in range(1, 1000):
         print(r, flush=True)
@@ -94,7 +94,7 @@ def test_checkpoint_survives_sigkill_during_save(tmp_path):
     import jax
     import jax.numpy as jnp
 
-    from fedjax_sim.checkpoint import Checkpointer
+    from fedjax_sim.run.checkpoint import Checkpointer
 
     for delay in (0.0, 0.05, 0.15):
         directory = tmp_path / f"ck{delay}"

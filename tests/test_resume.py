@@ -12,9 +12,9 @@ import pytest
 from fedjax_sim import EvalSpec, simulate
 from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg
 from fedjax_sim.data import load_digits
-from fedjax_sim.history import History, Series
 from fedjax_sim.models import mlp
-from fedjax_sim.sweep import sweep
+from fedjax_sim.run.history import History, Series
+from fedjax_sim.run.sweep import sweep
 
 LEFT = 32  # chunks run after the resume (one round each)
 

@@ -1,4 +1,4 @@
-"""Every driver x every run feature of the one run loop (`fedjax_sim.loop`): resume is bit
+"""Every driver x every run feature of the one run loop (`fedjax_sim.run.loop`): resume is bit
 for bit the uninterrupted run, Ctrl-C saves a checkpoint that resumes to it too, the
 privacy accountant's epsilon is in the history, `out_dir` gets files, the NaN guard stops
 (or, in a sweep, marks) the run, and a mesh works or is refused with one line naming why."""
@@ -15,11 +15,11 @@ from fedjax_sim import EvalSpec, NonFiniteError, simulate
 from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg, scaffold
 from fedjax_sim.data import load_digits
 from fedjax_sim.data.store import ClientStore
-from fedjax_sim.loop import Interrupted
 from fedjax_sim.models import logistic_regression
-from fedjax_sim.parallel import client_mesh
-from fedjax_sim.streaming import AlgorithmCohorts, simulate_streamed
-from fedjax_sim.sweep import runs_mesh, sweep
+from fedjax_sim.run.loop import Interrupted
+from fedjax_sim.run.streaming import AlgorithmCohorts, simulate_streamed
+from fedjax_sim.run.sweep import runs_mesh, sweep
+from fedjax_sim.runtime.parallel import client_mesh
 
 C, M, ROUNDS = 12, 3, 4
 LOCAL = LocalSpec(steps=2, batch_size=8)

@@ -1,4 +1,4 @@
-"""The one run loop (`fedjax_sim.loop`) keeps what the three drivers did: the histories of
+"""The one run loop (`fedjax_sim.run.loop`) keeps what the three drivers did: the histories of
 `run_loop_cases.py` (simulate stopped and resumed, streamed with device and host state rows,
 a sweep) equal `run_loop_pins.npz`, recorded with the drivers before they shared the loop,
 bit for bit on the machine that recorded them (`run_loop_pins.json`). On another machine

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_sim import schedules
+from fedjax_sim.algorithms import schedules
 
 
 def test_fixed_schedule_paper_value():

@@ -10,9 +10,9 @@ import pytest
 from fedjax_sim import EvalSpec, NonFiniteError, simulate
 from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg
 from fedjax_sim.data import ArrayData, least_squares, load_digits
-from fedjax_sim.history import History
 from fedjax_sim.models import linear_regression, mlp
-from fedjax_sim.simulate import evaluate_central, evaluate_clients
+from fedjax_sim.run.history import History
+from fedjax_sim.run.simulate import evaluate_central, evaluate_clients
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +64,8 @@ def test_chunks_donate_the_state_but_never_the_callers_arrays(digits):
     """A chunk reuses its input state's buffers (per-client rows updated in place, not
     copied once per chunk): the input arrays are deleted after the call. `simulate` first
     copies the state, so the params a caller passes in stay usable."""
-    from fedjax_sim.loop import owned
-    from fedjax_sim.simulate import _compiled_chunk
+    from fedjax_sim.run.loop import owned
+    from fedjax_sim.run.simulate import _compiled_chunk
 
     model, alg = _setup(digits)
     key = jax.random.key(3)

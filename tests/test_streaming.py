@@ -10,7 +10,8 @@ import pytest
 from fedjax_sim import EvalSpec, NonFiniteError, simulate
 from fedjax_sim.algorithms import CohortSpec, LocalSpec, area, fedavg, fedprox, scaffold
 from fedjax_sim.algorithms.core import Stragglers
-from fedjax_sim.bench import workloads
+from fedjax_sim.algorithms.events import Aggregation, Arrivals, Events
+from fedjax_sim.app.bench import workloads
 from fedjax_sim.data import load_digits
 from fedjax_sim.data.procedural import FedProxSynthetic, Population, UniformClassification
 from fedjax_sim.data.store import (
@@ -20,9 +21,8 @@ from fedjax_sim.data.store import (
     RecordRows,
     write_client_store,
 )
-from fedjax_sim.events import Aggregation, Arrivals, Events
 from fedjax_sim.models import logistic_regression, mlp
-from fedjax_sim.streaming import (
+from fedjax_sim.run.streaming import (
     AlgorithmCohorts,
     EventCohorts,
     UniformCohorts,

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_sim import EvalSpec, simulate, streaming
+from fedjax_sim import EvalSpec, simulate
 from fedjax_sim.algorithms import (
     CohortSpec,
     LocalSpec,
@@ -22,18 +22,19 @@ from fedjax_sim.algorithms import (
     scaffold,
 )
 from fedjax_sim.algorithms.compose import error_feedback
-from fedjax_sim.compression import TopK
+from fedjax_sim.algorithms.compression import TopK
+from fedjax_sim.algorithms.events import Aggregation, Arrivals, Events
 from fedjax_sim.data import load_digits
 from fedjax_sim.data.store import ClientStore, CohortRows, is_rows
-from fedjax_sim.events import Aggregation, Arrivals, Events
 from fedjax_sim.models import logistic_regression
-from fedjax_sim.parallel import fit_population
-from fedjax_sim.streaming import (
+from fedjax_sim.run import streaming
+from fedjax_sim.run.streaming import (
     AlgorithmCohorts,
     EventCohorts,
     UniformCohorts,
     simulate_streamed,
 )
+from fedjax_sim.runtime.parallel import fit_population
 
 C, M, EVERY, ROUNDS = 24, 4, 3, 7  # chunks of 3, 3, 1 rounds; U = min(C, 3 M) = 12 rows
 LOCAL = LocalSpec(steps=2, batch_size=8)

@@ -12,11 +12,11 @@ from scipy import stats
 
 from fedjax_sim import EvalSpec, simulate
 from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg, fedbuff, fedprox, scaffold
-from fedjax_sim.cli import main
+from fedjax_sim.app.cli import main
 from fedjax_sim.data import load_digits
-from fedjax_sim.history import History
 from fedjax_sim.models import mlp
-from fedjax_sim.sweep import SweepResult, expand_grid, mean_ci, sweep
+from fedjax_sim.run.history import History
+from fedjax_sim.run.sweep import SweepResult, expand_grid, mean_ci, sweep
 
 L = LocalSpec(steps=2, batch_size=8)
 EVAL = EvalSpec(every=2)
@@ -122,7 +122,7 @@ def test_run_groups_of_an_asynchronous_state_with_zero_size_leaves(setup):
     and a last group of 1 (`map_runs` groups them itself; `lax.map(batch_size=...)` failed
     on such leaves) equal the one-vmap sweep."""
     from fedjax_sim.algorithms.area import area
-    from fedjax_sim.events import Aggregation, Arrivals, Events
+    from fedjax_sim.algorithms.events import Aggregation, Arrivals, Events
 
     ds, model = setup
     events = Events(Arrivals.categorical(np.full(12, 1 / 12)), Aggregation.every(3))
@@ -328,7 +328,7 @@ def test_cli_sweep_writes_results_and_resumes(tmp_path, capsys):
 def test_auto_client_map_vmaps_the_cohort_inside_a_group_of_runs():
     """Inside a vmapped group of runs `ClientMap("auto")` maps the cohort with vmap (runs x
     clients lanes in one batch); outside, and with an explicit chunk, the usual rule."""
-    from fedjax_sim.parallel import ClientMap, batched_runs
+    from fedjax_sim.runtime.parallel import ClientMap, batched_runs
 
     assert ClientMap().resolve(10) == ("map", 8)  # CPU static rule
     assert ClientMap("map", 2).resolve(10) == ("map", 2)

@@ -4,7 +4,7 @@
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fedjax-sim/fedjax_sim/blob/main/colab/02_async.ipynb)
 #
 # In asynchronous FL each client works at its own speed and the server updates whenever
-# results arrive. fedjax_sim simulates this with an **event engine** (`fedjax_sim.events`):
+# results arrive. fedjax_sim simulates this with an **event engine** (`fedjax_sim.algorithms.events`):
 # clients have random clocks, one `step` of an asynchronous algorithm is one event iteration
 # (who fires, does the server aggregate, how much simulated time passed), and a run is a
 # `lax.scan` over iterations -- still one compiled program, with cost proportional to the
@@ -49,7 +49,7 @@ import optax
 from fedjax_sim.algorithms import area, as_fedavg, fedbuff
 from fedjax_sim.algorithms.core import LocalSpec
 from fedjax_sim.data import toy_quadratic
-from fedjax_sim.events import Aggregation, Arrivals, Events, normal_rates, staleness_bins
+from fedjax_sim.algorithms.events import Aggregation, Arrivals, Events, normal_rates, staleness_bins
 from fedjax_sim.models import linear_regression
 
 problem = toy_quadratic(NUM_CLIENTS)  # one example per client: feature i, target 1

@@ -4,7 +4,7 @@
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fedjax-sim/fedjax_sim/blob/main/colab/03_throughput.ipynb)
 #
 # How fast is a federated round when clients are an array axis? This notebook runs
-# `fedjax_sim.bench` -- the suites behind `fedjax-sim bench` -- on whatever accelerator the
+# `fedjax_sim.app.bench` -- the suites behind `fedjax-sim bench` -- on whatever accelerator the
 # runtime has (in Colab: *Runtime > Change runtime type > GPU or TPU*; the code is the same on
 # CPU). It sweeps the cohort size M for two workloads and compares one round against the
 # per-client Python loop that simulators built on a deep-learning framework run.
@@ -32,7 +32,7 @@ SMALL = False
 
 # %%
 if SMALL:
-    WORKLOADS = ("tiny-mlp",)  # presets of fedjax_sim.bench.workloads.PRESETS
+    WORKLOADS = ("tiny-mlp",)  # presets of fedjax_sim.app.bench.workloads.PRESETS
     COHORTS = (2, 8)
     OPTIONS = dict(mode="map", isolate=False, flops=False, peak_n=256, torch_threads=1)
 else:
@@ -48,8 +48,8 @@ import tempfile
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
-from fedjax_sim.bench import BenchConfig, machine_info, suites
-from fedjax_sim.bench.report import markdown
+from fedjax_sim.app.bench import BenchConfig, machine_info, suites
+from fedjax_sim.app.bench.report import markdown
 
 info = machine_info()
 print(f"{info['device_kind']} ({info['backend']}) x {info['device_count']}, jax {info['jax']}")

@@ -123,7 +123,7 @@ plt.show()
 # every 4 deliveries. Logistic regression, the same client learning rate 0.5 for all three.
 
 # %%
-from fedjax_sim.events import Aggregation, Arrivals, Events, normal_rates
+from fedjax_sim.algorithms.events import Aggregation, Arrivals, Events, normal_rates
 
 logistic = models.logistic_regression(ds.feature_shape, ds.num_classes)
 rates = normal_rates(C, 10.0, 3.0, minimum=0.1, seed=0)
@@ -186,7 +186,7 @@ plt.show()
 
 # %%
 from fedjax_sim.data.builtin import load_shifted_minority
-from fedjax_sim.simulate import client_stats
+from fedjax_sim.run.simulate import client_stats
 
 shifted = load_shifted_minority(num_clients=10, examples_per_client=100)
 lr_model = models.logistic_regression(shifted.feature_shape, shifted.num_classes)
@@ -237,7 +237,7 @@ plt.show()
 from sklearn.datasets import load_digits
 
 from fedjax_sim.algorithms.similarity import graph_from_data
-from fedjax_sim.convergence import rounds_to_target
+from fedjax_sim.run.convergence import rounds_to_target
 from fedjax_sim.data.unseen import federate_unseen, split_pool
 
 bunch = load_digits()

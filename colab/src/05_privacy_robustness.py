@@ -40,7 +40,7 @@ import jax
 import matplotlib.pyplot as plt
 
 from fedjax_sim import CohortSpec, EvalSpec, LocalSpec, fedavg, simulate
-from fedjax_sim.accounting import PrivacyAccounting
+from fedjax_sim.algorithms.accounting import PrivacyAccounting
 from fedjax_sim.algorithms.attacks import Attack
 from fedjax_sim.algorithms.compose import mean
 from fedjax_sim.algorithms.privacy import AdaptiveClipping, dp_mean, expected_cohort_size

@@ -41,7 +41,7 @@ from fedjax_sim import EvalSpec
 from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg, fedprox
 from fedjax_sim.data import load_digits
 from fedjax_sim.models import mlp
-from fedjax_sim.sweep import sweep
+from fedjax_sim.run.sweep import sweep
 
 ds = load_digits(num_clients=100)
 model = mlp(ds.feature_shape, ds.num_classes, hidden=(64,))

@@ -55,8 +55,8 @@ from fedjax_sim.algorithms.fgdro import fgdro_cvar, fgdro_kl, fgdro_kl_adam, loc
 from fedjax_sim.algorithms.fixed_point import ef_fedavg, ef_fedprox, fp_fedavg, fp_fedprox
 from fedjax_sim.algorithms.mifa import mifa
 from fedjax_sim.algorithms.scaffold import scaffold
+from fedjax_sim.algorithms.schedules import client_sgd, round_decay
 from fedjax_sim.algorithms.sfedavg import s_fedavg
-from fedjax_sim.schedules import client_sgd, round_decay
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
 _DESCRIPTIONS: dict[str, str] = {}

@@ -11,10 +11,10 @@ computes its next x_i = LU_i(x_s) (K projected SGD steps). When the aggregation 
 x_s <- x_s + u_s and u_s <- 0. Invariant: x_s + u_s = sum_i w_i y_i after every iteration, so
 after an aggregation x_s is the exact average of the latest models of ALL clients.
 
-One `step` is one event iteration of the engine in `fedjax_sim.events` (categorical mode: the
-paper's iterate form (2)-(4) exactly; bernoulli mode: several clients may fire at once, which
-equals any sequential order of the same events with no aggregation in between). A preset of
-`asynchronous.compose_async` with the rule `exact_averaging`.
+One `step` is one event iteration of the engine in `fedjax_sim.algorithms.events`
+(categorical mode: the paper's iterate form (2)-(4) exactly; bernoulli mode: several clients
+may fire at once, which equals any sequential order of the same events with no aggregation in
+between). A preset of `asynchronous.compose_async` with the rule `exact_averaging`.
 
 Options (spec 3.3 / 7.6), besides `asynchronous.AsyncOptions`:
 - `init_mode="compute"` (RECOMMENDED): y_i = x_s0 and x_i = LU_i(x_s0) (every client starts
@@ -50,7 +50,7 @@ from fedjax_sim.algorithms.asynchronous import (
     masked_sum,
 )
 from fedjax_sim.algorithms.core import Algorithm, LossFn, Params
-from fedjax_sim.events import set_rows, take_rows
+from fedjax_sim.algorithms.events import set_rows, take_rows
 
 
 class Residual(NamedTuple):

@@ -1,7 +1,8 @@
 """The asynchronous composer: client work (`compose.ClientWork`) and a server rule on the
-event engine (`fedjax_sim.events`), composed into an `Algorithm` whose `step` is one event
-iteration. Presets: AREA (`area`), AS-FedAvg, FedBuff, FedAsync (`fedbuff`), MIFA (`mifa`);
-S-FedAvg (`sfedavg`) is a synchronous `compose` preset with the engine's clocks. Spec:
+event engine (`fedjax_sim.algorithms.events`), composed into an `Algorithm` whose `step` is
+one event iteration. Presets: AREA (`area`), AS-FedAvg, FedBuff, FedAsync (`fedbuff`),
+MIFA (`mifa`); S-FedAvg (`sfedavg`) is a synchronous `compose` preset with the engine's
+clocks. Spec:
 `docs/specs/area_async.md`.
 
     work = ClientWork(loss_fn, client_optimizer=0.05, local=LocalSpec(steps=2))
@@ -40,7 +41,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from fedjax_sim import schedules
+from fedjax_sim.algorithms import schedules
 from fedjax_sim.algorithms.compose import ClientOptimizer, ClientWork, LocalHook, chain, preset
 from fedjax_sim.algorithms.core import (
     COHORT,
@@ -55,12 +56,19 @@ from fedjax_sim.algorithms.core import (
     row_mask,
     server_update,
 )
+from fedjax_sim.algorithms.events import (
+    Aggregation,
+    Arrivals,
+    Events,
+    EventState,
+    set_rows,
+    take_rows,
+)
 from fedjax_sim.algorithms.hooks import scaled
-from fedjax_sim.checks import check_number, non_negative, positive
+from fedjax_sim.algorithms.schedules import client_sgd
+from fedjax_sim.core.checks import check_number, non_negative, positive
 from fedjax_sim.data.federated import FederatedData
-from fedjax_sim.events import Aggregation, Arrivals, Events, EventState, set_rows, take_rows
-from fedjax_sim.parallel import ClientMap
-from fedjax_sim.schedules import client_sgd
+from fedjax_sim.runtime.parallel import ClientMap
 
 Staleness = Literal["constant", "sqrt", "polynomial", "hinge"]
 STALENESS = ("constant", "sqrt", "polynomial", "hinge")
@@ -439,7 +447,7 @@ class AsyncOptions:
     """The parts every asynchronous preset accepts besides its own hyper-parameters.
 
     Attributes:
-      events: the event model (`fedjax_sim.events.Events`). If None: Bernoulli
+      events: the event model (`fedjax_sim.algorithms.events.Events`). If None: Bernoulli
         (`firing_probability`) arrivals for `num_clients` clients, aggregation every
         `buffer_size` deliveries, `capacity` slots.
       server_optimizer: eta_g, the server's SGD learning rate (a float), or an optax

@@ -30,7 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fedjax_sim.checks import check_number
+from fedjax_sim.core.checks import check_number
 
 KINDS = ("sign_flip", "scale", "gaussian", "alie", "label_flip")
 ATTACK_NOISE = 0x5A77AC  # folded into the client's key for the Gaussian attack

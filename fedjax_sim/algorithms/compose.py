@@ -22,7 +22,7 @@ state. Keys are those of `core` (`round_key(key, round, purpose)`, `client_key(.
 results do not depend on cohort order or on the client-map mode.
 
 Hyper-parameters may be traced JAX scalars (so that an algorithm can be built inside a
-`jax.vmap` over them): checks of numeric values (`fedjax_sim.checks`) run only on concrete
+`jax.vmap` over them): checks of numeric values (`fedjax_sim.core.checks`) run only on concrete
 values.
 """
 
@@ -38,6 +38,7 @@ import optax
 from flax import struct
 from jax.flatten_util import ravel_pytree
 
+from fedjax_sim.algorithms.compression import compress_tree, tree_payload_bytes
 from fedjax_sim.algorithms.core import (
     COHORT,
     EXTRA,
@@ -63,10 +64,10 @@ from fedjax_sim.algorithms.core import (
     tree_sq_norm,
     tree_sub,
 )
-from fedjax_sim.checks import is_concrete, non_negative, positive
+from fedjax_sim.core.checks import is_concrete, non_negative, positive
 from fedjax_sim.data.federated import FederatedData, tree_size_bytes
 from fedjax_sim.data.store import is_rows
-from fedjax_sim.parallel import ClientMap
+from fedjax_sim.runtime.parallel import ClientMap
 
 # ------------------------------------------------------------------------------ optimizers
 # float (SGD learning rate) | schedule (round -> learning rate) | optax transformation |
@@ -539,8 +540,6 @@ def wrap(
 
 def compressed(compressor: Any, inner: Aggregator | None = None) -> Aggregator:
     """Each client sends `Q(Delta_i)` (no memory; FedPAQ-style), then `inner` (mean)."""
-    from fedjax_sim.compression import compress_tree, tree_payload_bytes
-
     inner = inner or mean()
     return wrap(
         inner,
@@ -554,8 +553,6 @@ def error_feedback(compressor: Any, inner: Aggregator | None = None) -> Aggregat
     memory `e_i` (0 at init; `state.aggregator.rows["error_feedback"]`), `u = Delta_i + e_i`,
     send `Q(u)`, keep `e_i <- u - Q(u)`; clients that do not contribute keep their memory.
     Then `inner` (mean)."""
-    from fedjax_sim.compression import compress_tree, tree_payload_bytes
-
     inner = inner or mean()
 
     def encode(update, memory, key):

@@ -28,9 +28,9 @@ import numpy as np
 import optax
 from jax import lax
 
+from fedjax_sim.algorithms.events import bernoulli_cohort, sample_cohort
 from fedjax_sim.data.federated import Batch, ClientData, FederatedData, tree_size_bytes
-from fedjax_sim.events import bernoulli_cohort, sample_cohort
-from fedjax_sim.parallel import ClientMap, to_varying
+from fedjax_sim.runtime.parallel import ClientMap, to_varying
 
 Params = Any
 State = Any
@@ -59,6 +59,12 @@ class Algorithm(NamedTuple):
 def row_mask(tree: Any, per_client: bool) -> Any:
     """`tree` with every leaf replaced by `per_client` (parts of an `Algorithm.rows` mask)."""
     return jax.tree.map(lambda _: per_client, tree)
+
+
+def declared_rows(algorithm: Algorithm, state: State) -> Any:
+    """The `rows` mask of `state` (False, a whole-tree "no rows", if `algorithm` declares
+    none)."""
+    return False if algorithm.rows is None else algorithm.rows(state)
 
 
 def float_dtype() -> jnp.dtype:

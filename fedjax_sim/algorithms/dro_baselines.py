@@ -50,10 +50,10 @@ from fedjax_sim.algorithms.core import (
     round_key,
     tree_sub,
 )
+from fedjax_sim.algorithms.events import sample_cohort
 from fedjax_sim.algorithms.hooks import tilted
-from fedjax_sim.checks import check_number, is_concrete
+from fedjax_sim.core.checks import check_number, is_concrete
 from fedjax_sim.data.federated import FederatedData, tree_size_bytes
-from fedjax_sim.events import sample_cohort
 
 
 # ------------------------------------------------------------------------------ DRFA

@@ -29,7 +29,7 @@ import optax
 
 from fedjax_sim.algorithms.compose import Options, preset, synchronous
 from fedjax_sim.algorithms.core import Algorithm, LossFn, Params
-from fedjax_sim.checks import check_number, positive
+from fedjax_sim.core.checks import check_number, positive
 
 
 class AdamNoBiasCorrectionState(NamedTuple):

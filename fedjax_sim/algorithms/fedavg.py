@@ -30,7 +30,7 @@ import optax
 from fedjax_sim.algorithms.compose import LocalHook, Options, preset, synchronous
 from fedjax_sim.algorithms.core import Algorithm, LocalSpec, LossFn, Stragglers, tree_scale
 from fedjax_sim.algorithms.hooks import proximal
-from fedjax_sim.checks import check_number, positive
+from fedjax_sim.core.checks import check_number, positive
 
 
 @preset(stragglers=Stragglers(policy="drop"))

@@ -64,7 +64,7 @@ from fedjax_sim.algorithms.core import (
     tree_sub,
 )
 from fedjax_sim.algorithms.similarity import MessageMethod, SimilarityGraph, graph_from_data
-from fedjax_sim.checks import check_number
+from fedjax_sim.core.checks import check_number
 from fedjax_sim.data.federated import FederatedData, tree_size_bytes
 
 Params = Any

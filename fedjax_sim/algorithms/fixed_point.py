@@ -5,7 +5,7 @@ Beikmohammadi, Khirirat, Magnusson, "On the Convergence of Federated Learning Al
 without Data Similarity" (IEEE Trans. Big Data 2024); spec
 `docs/specs/stepsizes_no_similarity.md`.
 
-Round k with schedule value `s_k` (`fedjax_sim.schedules`): every client applies a local
+Round k with schedule value `s_k` (`fedjax_sim.algorithms.schedules`): every client applies a local
 operator from the broadcast model, `x_i^k = T_{s_k F_i}^T(x^k)`, and the server averages,
 `x^{k+1} = x^k + sum_i w_i (x_i^k - x^k)` (delta form, equal to the paper's mean of models in
 exact arithmetic). With a compressor, clients run error feedback (the `error_feedback`
@@ -45,11 +45,11 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from fedjax_sim.algorithms.compose import LocalHook, Options, error_feedback, preset, synchronous
+from fedjax_sim.algorithms.compression import Compressor, make
 from fedjax_sim.algorithms.core import Algorithm, CohortSpec, LocalSpec, LossFn, Sampling
 from fedjax_sim.algorithms.hooks import proximal
-from fedjax_sim.checks import positive
-from fedjax_sim.compression import Compressor, make
-from fedjax_sim.schedules import Schedule, constant
+from fedjax_sim.algorithms.schedules import Schedule, constant
+from fedjax_sim.core.checks import positive
 
 StepSize = float | Schedule
 
@@ -180,8 +180,8 @@ def fixed_point(
 ) -> Algorithm:
     """Algorithm 1 (`compressor=None`) or Algorithm 2 (error feedback with `compressor`, per-
     client error memory for `num_clients` clients) with local `operator` and schedule
-    `step_size` (`s_k`, a float or `fedjax_sim.schedules` schedule of the round); `options`
-    are `compose.Options` (default uniform weighting, as the paper)."""
+    `step_size` (`s_k`, a float or `fedjax_sim.algorithms.schedules` schedule of the round);
+    `options` are `compose.Options` (default uniform weighting, as the paper)."""
     o = dataclasses.replace(
         Options(cohort=CohortSpec(weighting="uniform")),
         client_optimizer=step_size,

@@ -30,7 +30,7 @@ import numpy as np
 
 from fedjax_sim.algorithms.compose import HookContext, LocalHook, LocalOutcome, RoundSummary
 from fedjax_sim.algorithms.core import tree_add, tree_norm, tree_scale, tree_sub
-from fedjax_sim.checks import Range, check_number, non_negative, positive
+from fedjax_sim.core.checks import Range, check_number, non_negative, positive
 from fedjax_sim.data.federated import tree_size_bytes
 
 Params = Any

@@ -34,7 +34,7 @@ from fedjax_sim.algorithms.asynchronous import (
     server_step,
 )
 from fedjax_sim.algorithms.core import Algorithm, LossFn, Params
-from fedjax_sim.events import set_rows, take_rows
+from fedjax_sim.algorithms.events import set_rows, take_rows
 
 
 class Memory(NamedTuple):

@@ -19,7 +19,7 @@ divides by the leading-axis length, i.e. counts padding slots of a masked cohort
 multiplier `z` is that of the whole release: with adaptive clipping the update's noise
 multiplier is `z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2` (Andrew et al., Thm. 1), so that the
 update and the count together are one Gaussian mechanism with multiplier `z` and the
-accountant (`fedjax_sim.accounting`) counts one event per round.
+accountant (`fedjax_sim.algorithms.accounting`) counts one event per round.
 
 Requirements and deviations (stated):
 - The cohort weights must be 1 for participants and 0 for padding / empty clients
@@ -40,10 +40,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from fedjax_sim import extras
 from fedjax_sim.algorithms.compose import Aggregator
 from fedjax_sim.algorithms.core import CohortSpec
-from fedjax_sim.checks import non_negative, positive
+from fedjax_sim.core import extras
+from fedjax_sim.core.checks import non_negative, positive
 from fedjax_sim.data.federated import tree_size_bytes
 
 SERVER_NOISE = 0x7FFFFFFF  # folded into the uplink key for the server's noise (not a client id)

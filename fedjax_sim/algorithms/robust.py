@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_sim.algorithms.compose import Aggregator
-from fedjax_sim.checks import check_number, positive
+from fedjax_sim.core.checks import check_number, positive
 from fedjax_sim.data.federated import tree_size_bytes
 
 

@@ -31,7 +31,7 @@ from fedjax_sim.algorithms.asynchronous import (
 )
 from fedjax_sim.algorithms.compose import Distributor, compose
 from fedjax_sim.algorithms.core import EXTRA, Algorithm, LossFn, round_key
-from fedjax_sim.events import Events, sample_cohort
+from fedjax_sim.algorithms.events import Events, sample_cohort
 
 
 def clocked_cohort(events: Events, size: int) -> Distributor:

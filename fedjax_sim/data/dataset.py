@@ -15,8 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal, NamedTuple
 
+import jax
 import numpy as np
 
+from fedjax_sim.data import jax_partition
 from fedjax_sim.data.federated import ArrayData, FederatedData, pack, with_client_test
 from fedjax_sim.data.partition import partition
 
@@ -150,10 +152,6 @@ def assign_clients(
     if backend == "numpy":
         return np.asarray(partition(partitioner, y, num_clients, seed, **partition_kwargs))
     if backend == "jax":
-        import jax
-
-        from fedjax_sim.data import jax_partition
-
         key = jax.random.key(seed)
         return np.asarray(
             jax_partition.partition(partitioner, key, y, num_clients, **partition_kwargs)

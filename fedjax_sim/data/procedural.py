@@ -10,7 +10,7 @@ populations and exact comparisons). Client `i` uses `fold_in(key(seed), i)` only
 does not depend on which cohort, block or population size it is generated in.
 
 Built-in generators: `UniformClassification` (the benchmark workloads' data: features
-uniform in [0, 1), uniform labels; the same numbers as `fedjax_sim.bench.workloads.make_data`)
+uniform in [0, 1), uniform labels; the same numbers as `fedjax_sim.app.bench.workloads.make_data`)
 and `FedProxSynthetic` (the Synthetic(alpha, beta) recipe of Li et al. 2020, drawn per client
 with JAX's generator: the same distribution as `fedjax_sim.data.fedprox_synthetic`, not the
 same numbers; sizes LogNormal(4, 2) + 50 capped at `max_count`).

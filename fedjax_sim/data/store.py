@@ -3,7 +3,7 @@
 - `HostStore`: a generic host-side pytree of `[C, ...]` arrays (numpy in RAM, or `np.memmap`
   files on disk) with `gather(ids)` / `scatter(ids, rows)` of whole client rows. It holds a
   population's data, and the per-client state rows of a streamed run with
-  `state_rows="host"` (control variates, duals, memories; `fedjax_sim.streaming`).
+  `state_rows="host"` (control variates, duals, memories; `fedjax_sim.run.streaming`).
 - `RecordRows`: read-only client rows in one array_record file (a record per client),
   the same `gather(ids)`; `write_client_store(..., file_format="array_record")` writes it.
 - `ClientStore`: a population's training data in a `HostStore` (`x [C, N_max, ...]`,
@@ -15,7 +15,7 @@
   client data through `data.client(cid)`, `data.counts`, `data.num_clients` and
   `data.max_count` runs on it unchanged and computes bit for bit what it computes on the
   whole on-device population (the keys use real ids), as long as every id it reads is in
-  the cohort (`fedjax_sim.streaming` draws the ids with the algorithm's own sampler).
+  the cohort (`fedjax_sim.run.streaming` draws the ids with the algorithm's own sampler).
 
 On-disk layout of a store directory: `store.json` (`{"num_clients", "leaves": {name:
 {"shape", "dtype"}}, "meta": {...}}`) and one raw C-order file `<name>.bin` per leaf, or

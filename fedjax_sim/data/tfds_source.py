@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from fedjax_sim import extras
+from fedjax_sim.core import extras
 from fedjax_sim.data import cache
 from fedjax_sim.data.dataset import Backend, Dataset, check_examples, federate, federate_ids
 from fedjax_sim.data.federated import ArrayData

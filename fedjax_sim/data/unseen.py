@@ -10,7 +10,7 @@ training-set statistics (A7).
 per-client test slot (`x_test`, `y_test`, `test_counts`; test client i is *not* training client
 i's held-out data) and whose central `test` set is the union of all test clients, so its
 accuracy is the paper's pooled metric `sum_i (N_i / N) acc_i` (see
-`fedjax_sim.convergence.pooled_accuracy`).
+`fedjax_sim.run.convergence.pooled_accuracy`).
 """
 
 from __future__ import annotations

@@ -17,14 +17,14 @@ import optax
 
 from fedjax_sim import algorithms as A
 from fedjax_sim.algorithms.compose import error_feedback
+from fedjax_sim.algorithms.compression import TopK
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec, Stragglers
+from fedjax_sim.algorithms.events import Aggregation, Arrivals, Events
+from fedjax_sim.algorithms.schedules import diminishing, round_decay
 from fedjax_sim.algorithms.similarity import similarity_graph
-from fedjax_sim.compression import TopK
 from fedjax_sim.data import least_squares
-from fedjax_sim.events import Aggregation, Arrivals, Events
 from fedjax_sim.models import linear_regression
-from fedjax_sim.parallel import ClientMap
-from fedjax_sim.schedules import diminishing, round_decay
+from fedjax_sim.runtime.parallel import ClientMap
 
 SIZES = np.array([12, 7, 20, 9, 15, 11])
 C = SIZES.size

@@ -11,10 +11,10 @@ from _async_reference import area_reference, local_update, replay, run
 
 from fedjax_sim.algorithms import area, diminishing, fedavg, sample_size_scale
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
+from fedjax_sim.algorithms.events import Aggregation, Arrivals, Availability, Events
 from fedjax_sim.data import fedprox_synthetic, least_squares, toy_quadratic
-from fedjax_sim.events import Aggregation, Arrivals, Availability, Events
 from fedjax_sim.models import linear_regression, logistic_regression
-from fedjax_sim.simulate import EvalSpec, simulate
+from fedjax_sim.run.simulate import EvalSpec, simulate
 
 PROBLEM = least_squares(num_clients=6, examples_per_client=[5, 9, 12, 7, 20, 3], dim=3, seed=2)
 MODEL = linear_regression(3)

@@ -9,8 +9,8 @@ from _async_reference import FAST_COMPILE, buffered_reference, replay, replay_ti
 
 from fedjax_sim.algorithms import area, as_fedavg, fedasync, fedbuff, mifa, s_fedavg
 from fedjax_sim.algorithms.core import LocalSpec
+from fedjax_sim.algorithms.events import Aggregation, Arrivals, Events
 from fedjax_sim.data import least_squares, pack
-from fedjax_sim.events import Aggregation, Arrivals, Events
 from fedjax_sim.models import linear_regression
 
 PROBLEM = least_squares(num_clients=6, examples_per_client=[5, 9, 12, 7, 20, 3], dim=3, seed=2)

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sim.algorithms.core import CohortSpec
-from fedjax_sim.events import bernoulli_cohort
+from fedjax_sim.algorithms.events import bernoulli_cohort
 
 
 def test_buffer_layout_and_participation_rate():

@@ -16,9 +16,9 @@ from fedjax_sim.algorithms.compose import (
     error_feedback,
     forced_cohorts,
 )
+from fedjax_sim.algorithms.compression import TopK
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec, Stragglers
 from fedjax_sim.algorithms.hooks import control_variates
-from fedjax_sim.compression import TopK
 from fedjax_sim.data import least_squares
 from fedjax_sim.models import linear_regression
 
@@ -202,7 +202,7 @@ def test_async_rules_take_an_optax_server_optimizer(x64):
     round-off: the coefficient is applied in another order; AS-FedAvg shares FedBuff's rule);
     with Adam the server state advances exactly once per aggregation."""
     from fedjax_sim.algorithms import fedbuff, mifa
-    from fedjax_sim.events import Aggregation, Arrivals, Events
+    from fedjax_sim.algorithms.events import Aggregation, Arrivals, Events
 
     problem = least_squares(num_clients=6, examples_per_client=8, dim=3, seed=4)
     events = Events(Arrivals.categorical(np.linspace(1.0, 2.0, 6)), Aggregation.every(2))

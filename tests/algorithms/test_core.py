@@ -16,10 +16,10 @@ from fedjax_sim.algorithms.core import (
     map_cohort,
     weighted_mean,
 )
+from fedjax_sim.algorithms.events import sample_cohort
 from fedjax_sim.data import ClientData, least_squares
-from fedjax_sim.events import sample_cohort
 from fedjax_sim.models import linear_regression
-from fedjax_sim.parallel import ClientMap
+from fedjax_sim.runtime.parallel import ClientMap
 
 
 def _client(n, n_max, dim=1):

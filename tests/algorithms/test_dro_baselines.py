@@ -15,7 +15,7 @@ from fedjax_sim.algorithms.dro_baselines import project_simplex, snapshot_step
 from fedjax_sim.algorithms.hooks import tilted
 from fedjax_sim.data import Batch, least_squares
 from fedjax_sim.models import linear_regression
-from fedjax_sim.parallel import ClientMap
+from fedjax_sim.runtime.parallel import ClientMap
 
 VMAP = ClientMap("vmap")
 FULL = LocalSpec(steps=4, sampling="full")

@@ -10,7 +10,7 @@ from fedjax_sim.algorithms import fedavg, fedavgm, fedprox, fedsgd
 from fedjax_sim.algorithms.core import COHORT, CohortSpec, LocalSpec, round_key
 from fedjax_sim.data import least_squares, pack
 from fedjax_sim.models import linear_regression
-from fedjax_sim.parallel import ClientMap
+from fedjax_sim.runtime.parallel import ClientMap
 
 FULL = LocalSpec(steps=1, sampling="full")
 

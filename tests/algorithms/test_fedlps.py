@@ -28,7 +28,7 @@ from fedjax_sim.algorithms.fedlps import perturbation, perturbation_anchors
 from fedjax_sim.algorithms.similarity import similarity_graph
 from fedjax_sim.data import least_squares, pack
 from fedjax_sim.models import linear_regression, logistic_regression
-from fedjax_sim.parallel import ClientMap
+from fedjax_sim.runtime.parallel import ClientMap
 
 H_EIGS = np.array([0.1, 0.3, 0.7, 1.2, 2.0])  # mu = 0.1, L = 2
 MU, L, E = 0.1, 2.0, 10

@@ -31,8 +31,8 @@ from fedjax_sim.algorithms.fgdro import (
 from fedjax_sim.data import Batch, least_squares
 from fedjax_sim.data.builtin import load_shifted_minority
 from fedjax_sim.models import linear_regression, logistic_regression
-from fedjax_sim.parallel import ClientMap
-from fedjax_sim.simulate import client_stats
+from fedjax_sim.run.simulate import client_stats
+from fedjax_sim.runtime.parallel import ClientMap
 
 VMAP = ClientMap("vmap")
 

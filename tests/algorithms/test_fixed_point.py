@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_sim import schedules
-from fedjax_sim.algorithms import ALGORITHMS, fedavg, fedprox
+from fedjax_sim.algorithms import ALGORITHMS, fedavg, fedprox, schedules
 from fedjax_sim.algorithms.compose import error_feedback
+from fedjax_sim.algorithms.compression import Identity, TopK
 from fedjax_sim.algorithms.core import (
     LOCAL,
     CohortSpec,
@@ -37,11 +37,10 @@ from fedjax_sim.algorithms.fixed_point import (
     inexact_prox,
     local_sgd,
 )
-from fedjax_sim.compression import Identity, TopK
 from fedjax_sim.data import least_squares, pack
 from fedjax_sim.models import linear_regression
 from fedjax_sim.models.base import masked_mean
-from fedjax_sim.parallel import ClientMap
+from fedjax_sim.runtime.parallel import ClientMap
 
 UNIFORM = CohortSpec(weighting="uniform")
 

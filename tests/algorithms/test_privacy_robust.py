@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from dp_accounting import rdp
 
-from fedjax_sim.accounting import PrivacyAccounting
 from fedjax_sim.algorithms import fedavg
+from fedjax_sim.algorithms.accounting import PrivacyAccounting
 from fedjax_sim.algorithms.attacks import Attack
 from fedjax_sim.algorithms.compose import ClientWork
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
@@ -128,8 +128,8 @@ def test_accounting_matches_dp_accounting():
 
 
 def test_run_reports_dp_accounting_epsilon_and_target(tmp_path):
-    from fedjax_sim.cli import run
-    from fedjax_sim.config import RunConfig
+    from fedjax_sim.app.cli import run
+    from fedjax_sim.app.config import RunConfig
 
     common = dict(
         dataset="fedprox_synthetic",
@@ -252,7 +252,7 @@ def test_geometric_median_and_centered_clip_vs_numpy():
 def test_robust_aggregators_run_in_presets_with_bernoulli_cohorts():
     from fedjax_sim.algorithms import scaffold
     from fedjax_sim.algorithms.compose import compressed
-    from fedjax_sim.compression import TopK
+    from fedjax_sim.algorithms.compression import TopK
 
     problem = least_squares(num_clients=8, examples_per_client=10, dim=3, seed=0)
     cohort = CohortSpec(size=6, sampling="bernoulli", probability=0.5)
@@ -326,8 +326,8 @@ def test_sweep_reports_dp_accounting_epsilon_for_every_run(tmp_path, capsys):
     does), equal to dp_accounting's for the same event; the noise multiplier is in meta."""
     import json
 
-    from fedjax_sim.cli import main
-    from fedjax_sim.sweep import SweepResult
+    from fedjax_sim.app.cli import main
+    from fedjax_sim.run.sweep import SweepResult
 
     flags = [
         "sweep", "--dataset", "fedprox_synthetic", "--model", "logistic", "--num-clients", "20",

@@ -14,8 +14,8 @@ import pytest
 
 from fedjax_sim.algorithms import fedavg
 from fedjax_sim.algorithms.core import LocalSpec
-from fedjax_sim.bench import baselines
-from fedjax_sim.bench.workloads import CLIENT_LR, Workload, make_model
+from fedjax_sim.app.bench import baselines
+from fedjax_sim.app.bench.workloads import CLIENT_LR, Workload, make_model
 from fedjax_sim.data import FederatedData
 
 W = Workload(

@@ -19,16 +19,16 @@ import optax
 import pytest
 from jax import lax
 
-from fedjax_sim.bench import measure, runner
-from fedjax_sim.bench.results import validate_row
-from fedjax_sim.bench.workloads import (
+from fedjax_sim.app.bench import measure, runner
+from fedjax_sim.app.bench.results import validate_row
+from fedjax_sim.app.bench.workloads import (
     Workload,
     dense_step_flops,
     make_model,
     model_flops,
 )
 from fedjax_sim.data import Batch
-from fedjax_sim.parallel import CPU_CHUNK_BYTES, ClientMap, fit_client_map
+from fedjax_sim.runtime.parallel import CPU_CHUNK_BYTES, ClientMap, fit_client_map
 
 
 def test_matmul_flops_exact():
@@ -186,7 +186,7 @@ def test_matmul_peak_and_machine_info():
 def test_generated_rows_depend_only_on_the_client_id(monkeypatch, block_bytes):
     """Blocked generation (the last block shifted back over rows already written) gives each
     client the rows of the one-client-at-a-time reference `one(fold_in(key, i))`."""
-    from fedjax_sim.bench import workloads
+    from fedjax_sim.app.bench import workloads
 
     monkeypatch.setattr(workloads, "GEN_BLOCK_BYTES", block_bytes)
     w = Workload(model="logistic", input_dim=12, num_classes=3, clients=5, per_client=3)

@@ -4,7 +4,7 @@ import importlib.util
 import os
 import re
 
-from fedjax_sim.bench.results import REPO, RESULTS
+from fedjax_sim.app.bench.results import REPO, RESULTS
 
 spec = importlib.util.spec_from_file_location(
     "bench_report", os.path.join(REPO, "benchmarks", "report.py")

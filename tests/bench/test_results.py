@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from fedjax_sim.bench import results
-from fedjax_sim.bench.results import UNKNOWN, Recorder, read_rows, replace_rows, validate_row
+from fedjax_sim.app.bench import results
+from fedjax_sim.app.bench.results import UNKNOWN, Recorder, read_rows, replace_rows, validate_row
 
 
 def test_stamp_names_commit_machine_load_and_command():

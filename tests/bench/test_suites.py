@@ -9,10 +9,10 @@ import pytest
 
 from fedjax_sim import algorithms
 from fedjax_sim.algorithms import fedavg
-from fedjax_sim.bench import runner, suites
-from fedjax_sim.bench.config import BenchConfig
-from fedjax_sim.bench.results import read_rows, validate_row
-from fedjax_sim.bench.workloads import (
+from fedjax_sim.app.bench import runner, suites
+from fedjax_sim.app.bench.config import BenchConfig
+from fedjax_sim.app.bench.results import read_rows, validate_row
+from fedjax_sim.app.bench.workloads import (
     Workload,
     algorithm_kwargs,
     make_algorithm,
@@ -20,8 +20,8 @@ from fedjax_sim.bench.workloads import (
     missing_required,
     preset,
 )
-from fedjax_sim.cli import main
-from fedjax_sim.distributed import host_device_flags
+from fedjax_sim.app.cli import main
+from fedjax_sim.runtime.distributed import host_device_flags
 
 PEAK = {"matmul_n": 8, "peak_flops_per_s": 1e9}
 
@@ -150,7 +150,7 @@ def test_estimate_grows_with_cohort_and_chunk():
 
 def test_json_lines_are_plain_json(tmp_path):
     path = os.path.join(tmp_path, "x.jsonl")
-    from fedjax_sim.bench.results import write_rows
+    from fedjax_sim.app.bench.results import write_rows
 
     write_rows(path, [{"a": 1}, {"b": [1, 2]}])
     assert [json.loads(line) for line in open(path)] == [{"a": 1}, {"b": [1, 2]}]

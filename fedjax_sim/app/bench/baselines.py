@@ -1,0 +1,166 @@
+"""Baselines run on the same FedAvg workload as our engine.
+
+- `loop_round`: a Python loop over clients of a jitted per-client update with a running
+  weighted sum of deltas (how fedjax and most JAX research code simulate).
+- `TorchFedAvg`: a plain PyTorch per-client loop, the way FL research code and Flower
+  clients train: per client a fresh copy of the global model (`copy.deepcopy`), a new SGD
+  optimizer, K minibatch steps with `cross_entropy` + `backward` + `step`, then the
+  count-weighted average of the local models. Needs the optional extra `peers` (torch).
+
+Both compute plain FedAvg (client SGD with a fixed learning rate, server averaging with
+count weights) on `Workload` data, so times are comparable with `fedavg` rounds.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_sim.algorithms.core import LOCAL, client_key, local_train, round_key
+from fedjax_sim.app.bench.workloads import CLIENT_LR, Workload
+from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.models.base import Model
+
+
+def loop_round(
+    model: Model, data: FederatedData, params: Any, key: jax.Array, w: Workload
+) -> Callable[[], Any]:
+    """`run() -> new params`: one FedAvg round as a Python loop over a jitted client update
+    (same keys, hence the same minibatches, as `fedavg` round 0)."""
+
+    @jax.jit
+    def client_update(params, x, y, count, k):
+        res = local_train(
+            params,
+            data.client(0)._replace(x=x, y=y, count=count),
+            k,
+            loss_fn=model.loss,
+            optimizer=optax.sgd(CLIENT_LR),
+            max_steps=w.local_steps,
+            batch_size=w.batch_size,
+        )
+        return jax.tree.map(lambda a, b: (a - b) * count, res.params, params)
+
+    local_key = round_key(key, jnp.int32(0), LOCAL)
+
+    def run():
+        total = jax.tree.map(jnp.zeros_like, params)
+        for i in range(data.num_clients):
+            delta = client_update(
+                params, data.x[i], data.y[i], data.counts[i], client_key(local_key, i)
+            )
+            total = jax.tree.map(jnp.add, total, delta)
+        n = jnp.sum(data.counts)
+        return jax.block_until_ready(jax.tree.map(lambda p, t: p + t / n, params, total))
+
+    return run
+
+
+def batch_indices(key: jax.Array, counts: np.ndarray, w: Workload, round_: int = 0) -> np.ndarray:
+    """`[C, K, B]` minibatch row indices that `fedavg` (sampling with replacement) draws in
+    round `round_` (for apples-to-apples checks of the baselines)."""
+    local_key = round_key(key, jnp.int32(round_), LOCAL)
+
+    def one(cid, n):
+        k = jax.random.fold_in(client_key(local_key, cid), 0)
+        steps = jnp.arange(w.local_steps)
+        return jax.vmap(
+            lambda s: jax.random.randint(
+                jax.random.fold_in(k, s), (w.batch_size,), 0, jnp.maximum(n, 1)
+            )
+        )(steps)
+
+    ids = jnp.arange(len(counts))
+    return np.asarray(jax.vmap(one)(ids, jnp.asarray(counts, jnp.int32)))
+
+
+class TorchFedAvg:
+    """FedAvg as a plain PyTorch per-client loop on a `Workload`'s dense net.
+
+    `params` is our flax parameter tree (`{"Dense_l": {"kernel": [in, out], "bias": [out]}}`);
+    the torch model starts from the same weights. `indices [C, K, B]` fixes the minibatches
+    (tests); without it each step draws `torch.randint(0, n_i, (B,))` like a research loop.
+    """
+
+    def __init__(
+        self,
+        w: Workload,
+        params: Any,
+        x: np.ndarray,
+        y: np.ndarray,
+        counts: np.ndarray,
+        *,
+        threads: int | None = None,
+        seed: int = 0,
+    ):
+        import torch
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.torch = torch
+        self.w = w
+        self.threads = torch.get_num_threads()
+        self.generator = torch.Generator().manual_seed(seed)
+        layers: list[Any] = []
+        for a, b in zip(w.widths[:-1], w.widths[1:], strict=True):
+            layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+        self.model = torch.nn.Sequential(*layers[:-1])
+        self.set_params(params)
+        # per-client tensors, as a per-client Dataset would hold them
+        self.x = [torch.from_numpy(np.array(xi, np.float32)) for xi in np.asarray(x)]
+        self.y = [torch.from_numpy(np.asarray(yi, np.int64)) for yi in np.asarray(y)]
+        self.counts = [int(n) for n in np.asarray(counts)]
+
+    def _linears(self) -> list[Any]:
+        return [m for m in self.model if isinstance(m, self.torch.nn.Linear)]
+
+    def set_params(self, params: Any) -> None:
+        with self.torch.no_grad():
+            for i, lin in enumerate(self._linears()):
+                p = params[f"Dense_{i}"]
+                lin.weight.copy_(self.torch.from_numpy(np.asarray(p["kernel"]).T.copy()))
+                lin.bias.copy_(self.torch.from_numpy(np.asarray(p["bias"]).copy()))
+
+    def params(self) -> dict[str, dict[str, np.ndarray]]:
+        """The global model in our flax layout."""
+        return {
+            f"Dense_{i}": {
+                "kernel": lin.weight.detach().numpy().T.copy(),
+                "bias": lin.bias.detach().numpy().copy(),
+            }
+            for i, lin in enumerate(self._linears())
+        }
+
+    def round(self, indices: np.ndarray | None = None) -> None:
+        """One FedAvg round over all clients (updates the global model in place)."""
+        torch, w = self.torch, self.w
+        f = torch.nn.functional
+        total = {k: torch.zeros_like(v) for k, v in self.model.state_dict().items()}
+        n_total = 0
+        for i, n in enumerate(self.counts):
+            if n == 0:
+                continue
+            local = copy.deepcopy(self.model)
+            opt = torch.optim.SGD(local.parameters(), lr=CLIENT_LR)
+            xi, yi = self.x[i], self.y[i]
+            for k in range(w.local_steps):
+                if indices is None:
+                    idx = torch.randint(0, n, (w.batch_size,), generator=self.generator)
+                else:
+                    idx = torch.from_numpy(np.asarray(indices[i, k], np.int64))
+                opt.zero_grad()
+                loss = f.cross_entropy(local(xi[idx]), yi[idx])
+                loss.backward()
+                opt.step()
+            with torch.no_grad():
+                for name, v in local.state_dict().items():
+                    total[name] += n * v
+            n_total += n
+        if n_total:
+            self.model.load_state_dict({k: v / n_total for k, v in total.items()})

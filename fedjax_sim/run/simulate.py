@@ -1,0 +1,303 @@
+"""`simulate`: run an `Algorithm` for many rounds as compiled `lax.scan` chunks.
+
+Rounds between two evaluations (or checkpoints) run as one jitted `lax.scan`; the host only
+sees chunk boundaries, where `fedjax_sim.run.loop.run_loop` (shared with `simulate_streamed` and
+`sweep`) evaluates the global model, updates the progress bar, writes the history and
+checkpoints. A non-finite global model stops the run with an error naming the first bad
+round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh
+
+from fedjax_sim.algorithms.core import Algorithm, declared_rows, tree_all_finite
+from fedjax_sim.data.federated import ArrayData, Batch, FederatedData
+from fedjax_sim.models.base import Model
+from fedjax_sim.run.history import History
+from fedjax_sim.run.loop import check_run_args, chunk_length, run_loop
+from fedjax_sim.runtime import distributed
+from fedjax_sim.runtime.parallel import ClientMap, recorded_modes
+
+INIT_PURPOSE = 7  # key purpose of the initial model
+
+
+# ------------------------------------------------------------------------------ evaluation
+def evaluate_central(model: Model, params: Any, test: ArrayData, batch_size: int = 1024):
+    """Loss and accuracy of `params` on a central dataset, in batches of `batch_size`."""
+    n = test.x.shape[0]
+    bs = max(1, min(batch_size, n))
+    nb = -(-n // bs)
+    pad = nb * bs - n
+
+    def padded(a):
+        a = jnp.asarray(a)
+        return jnp.concatenate([a, jnp.zeros((pad, *a.shape[1:]), a.dtype)]).reshape(
+            nb, bs, *a.shape[1:]
+        )
+
+    mask = padded(jnp.ones((n,), jnp.float32))
+    stats = lax.map(
+        lambda b: model.evaluate(params, Batch(*b)), (padded(test.x), padded(test.y), mask)
+    )
+    stats = jax.tree.map(jnp.sum, stats)
+    count = jnp.maximum(stats["count"], 1.0)
+    return {"test_loss": stats["loss"] / count, "test_accuracy": stats["correct"] / count}
+
+
+def client_stats(
+    model: Model,
+    params: Any,
+    x: jax.Array,
+    y: jax.Array,
+    counts: jax.Array,
+    client_map: ClientMap = ClientMap(),
+) -> dict[str, jax.Array]:
+    """`[C]` sums over each client's valid rows of the global model's `loss`, `correct` and
+    `count` (`Model.evaluate` per client)."""
+    n_max = x.shape[1]
+
+    def one(xc, yc, n):
+        mask = (jnp.arange(n_max) < n).astype(jnp.float32)
+        return model.evaluate(params, Batch(xc, yc, mask))
+
+    return client_map.map(one, x, y, counts)
+
+
+def evaluate_clients(
+    model: Model,
+    params: Any,
+    x: jax.Array,
+    y: jax.Array,
+    counts: jax.Array,
+    client_map: ClientMap = ClientMap(),
+    prefix: str = "client",
+) -> dict[str, jax.Array]:
+    """Per-client loss/accuracy of the global model; summaries over clients with data:
+    mean, worst (min accuracy / max loss), 10th percentile of accuracy, and the pooled
+    (example-weighted) loss."""
+    stats = client_stats(model, params, x, y, counts, client_map)
+    has = counts > 0
+    cnt = jnp.maximum(stats["count"], 1.0)
+    acc, loss = stats["correct"] / cnt, stats["loss"] / cnt
+    n_has = jnp.maximum(jnp.sum(has), 1)
+    acc_sorted = jnp.sort(jnp.where(has, acc, jnp.inf))
+    p10 = acc_sorted[jnp.floor(0.1 * (n_has - 1)).astype(jnp.int32)]
+    return {
+        f"{prefix}_accuracy_mean": jnp.sum(jnp.where(has, acc, 0)) / n_has,
+        f"{prefix}_accuracy_worst": jnp.min(jnp.where(has, acc, jnp.inf)),
+        f"{prefix}_accuracy_p10": p10,
+        f"{prefix}_loss_mean": jnp.sum(jnp.where(has, loss, 0)) / n_has,
+        f"{prefix}_loss_worst": jnp.max(jnp.where(has, loss, -jnp.inf)),
+        f"{prefix}_loss_pooled": jnp.sum(stats["loss"]) / jnp.maximum(jnp.sum(stats["count"]), 1),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSpec:
+    """What to evaluate at each evaluation point.
+
+    Attributes:
+      every: rounds between evaluations (also the length of each compiled scan chunk).
+      central: evaluate on the central test set (if given).
+      clients: evaluate on each client's test split (if the data has one).
+      train: evaluate the global training objective on every client's training data.
+      batch_size: central-evaluation batch size.
+      extra: optional jittable `extra(params, data, test) -> {name: scalar}` merged into
+        every evaluation row (e.g. `fedjax_sim.run.dro.dro_evaluator(...)`: worst-group metrics).
+    """
+
+    every: int = 10
+    central: bool = True
+    clients: bool = True
+    train: bool = False
+    batch_size: int = 1024
+    extra: Callable[[Any, FederatedData, ArrayData | None], dict[str, jax.Array]] | None = None
+
+
+# ------------------------------------------------------------------------------ runner
+def simulate(
+    algorithm: Algorithm,
+    data: FederatedData,
+    key: jax.Array,
+    *,
+    model: Model,
+    num_rounds: int,
+    test: ArrayData | None = None,
+    params: Any = None,
+    evaluation: EvalSpec = EvalSpec(),
+    out_dir: str | None = None,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    meta: dict[str, Any] | None = None,
+    client_map: ClientMap = ClientMap(),
+    mesh: Mesh | None = None,
+    on_resume: Callable[[int], None] | None = None,
+    privacy: Callable[[int], float] | None = None,
+    return_state: bool = False,
+) -> History | tuple[History, Any]:
+    """Runs `num_rounds` steps of `algorithm` and returns the `History` (with `return_state`,
+    `(history, final state)`, as `simulate_streamed`).
+
+    Args:
+      algorithm: an `Algorithm` (e.g. `fedavg(model.loss, ...)`).
+      data: the federated training data (passed to every `step`).
+      key: the run key; the model init, cohorts and local batches all derive from it.
+      model: used for the initial params (unless `params` is given) and for evaluation.
+      num_rounds: total rounds (steps) of the run, including those before a resume.
+      test: the central test set.
+      evaluation: what to evaluate, and every how many rounds.
+      out_dir: if set, rows are appended to `history.csv` / `history.jsonl` after every
+        chunk (constant time per evaluation) and `history.json/.png` are written at the end
+        (also on errors and Ctrl-C); nothing is written before the first chunk completes.
+      checkpoint_dir / checkpoint_every: orbax checkpoints of the full state, key and
+        history every `checkpoint_every` rounds (and at the end / on Ctrl-C). A run that
+        does not resume replaces older checkpoints there at its own first save.
+      resume: continue from the latest checkpoint in `checkpoint_dir` (bit-identical).
+      progress: show a tqdm progress bar.
+      meta: extra information stored in `History.meta` (e.g. the CLI config).
+      client_map: mapping used for per-client evaluation; `ClientMap("auto")` uses the
+        round's (first) mode. The modes of the round's client maps are recorded in
+        `History.meta["client_map"]` (`"vmap"`, `"map:4"`; `ClientMap.recorded`): an
+        explicit map of that mode reproduces a measured `auto` run bit for bit.
+      on_resume: called with the restored round after a resume, before compiling.
+      privacy: `rounds -> epsilon` (e.g. `accounting.PrivacyAccounting(...).epsilon`),
+        evaluated on the host at every evaluation: `epsilon` in the evaluation rows and
+        the progress bar.
+      mesh: a device mesh with a `"clients"` axis: per-client arrays of the data and of the
+        state are placed sharded by client, the rest replicated (build the algorithm with
+        `ClientMap(mesh=mesh)` so cohorts are sharded too). Multi-process runs pass global
+        `data` (see `fedjax_sim.runtime.distributed`); only process 0 writes outputs.
+      return_state: also return the final algorithm state (e.g. to continue it, or to read
+        per-client rows); a run resumed at or past `num_rounds` returns the restored one.
+
+    Raises:
+      NonFiniteError: the global model became NaN/Inf (the message names the round).
+      Interrupted: Ctrl-C (a KeyboardInterrupt), after saving a checkpoint if possible.
+      CheckpointError: the checkpoint to resume from is unusable.
+    """
+    check_run_args(num_rounds, evaluation.every, checkpoint_every, resume, checkpoint_dir)
+    if params is None:
+        params = model.init(jax.random.fold_in(key, INIT_PURPOSE))
+    state = algorithm.init(params, key)
+    if mesh is not None:
+        state, data = distributed.place_run(state, data, mesh, rows=declared_rows(algorithm, state))
+        if test is not None:  # the central test set: no per-client rows
+            test = distributed.place(test, mesh, data.num_clients, rows=False)
+    meta = dict(meta or {})
+    # resolves (measures) ClientMap("auto") before compiling; the round's modes are recorded
+    modes = recorded_modes(jax.make_jaxpr(algorithm.step)(state, data, key))
+    if modes:
+        meta["client_map"] = ", ".join(modes)
+        if client_map == ClientMap():
+            client_map = ClientMap.recorded(modes[0])
+    source = _Chunks(
+        _compiled_chunk(algorithm, chunk_length(num_rounds, evaluation.every, checkpoint_every)),
+        _compiled_evaluator(model, evaluation, client_map, test is not None),
+        data,
+        test,
+        key,
+    )
+    (history,), state = run_loop(
+        source,
+        state,
+        key,
+        [meta],
+        num_rounds=num_rounds,
+        every=evaluation.every,
+        out_dir=out_dir,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        progress=progress,
+        on_resume=on_resume,
+        privacy=privacy,
+    )
+    return (history, state) if return_state else history
+
+
+@dataclasses.dataclass(frozen=True)
+class _Chunks:
+    """`simulate`'s chunks: the compiled chunk and evaluator on the whole population."""
+
+    run_chunk: Callable[..., Any]
+    evaluator: Callable[..., Any]
+    data: FederatedData
+    test: ArrayData | None
+    key: jax.Array
+
+    def run(self, state: Any, start: int, stop: int) -> tuple[Any, list[dict[str, np.ndarray]]]:
+        state, metrics = self.run_chunk(state, self.data, self.key, stop - start)
+        return state, [jax.tree.map(lambda m: m[: stop - start], distributed.fetch(metrics))]
+
+    def evaluate(self, state: Any) -> list[dict[str, float]]:
+        results = distributed.fetch(self.evaluator(state.params, self.data, self.test))
+        return [{k: float(v) for k, v in results.items()}]
+
+    def saved(self, state: Any) -> Any:
+        return state
+
+    def restored(self, tree: Any) -> Any:
+        return tree
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_chunk(algorithm: Algorithm, length: int):
+    """`jit(run(state, data, key, n))`: a `lax.scan` of static `length` whose first `n`
+    (dynamic) iterations step the algorithm and the rest pass the state through, so every
+    chunk of a run, whatever its size, uses one compilation (cached per algorithm). The
+    state is donated: the new state reuses its buffers (per-client `[C, ...]` rows are
+    updated in place instead of copied once per chunk)."""
+
+    def run(state, data, key, n):
+        def advance(state):
+            state, metrics = algorithm.step(state, data, key)
+            return state, {**metrics, "params_finite": tree_all_finite(state.params)}
+
+        out_shape = jax.eval_shape(advance, state)[1]
+
+        def body(state, i):
+            def skip(state):
+                return state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)
+
+            return lax.cond(i < n, advance, skip, state)
+
+        return lax.scan(body, state, jnp.arange(length))
+
+    return jax.jit(run, donate_argnums=0)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_evaluator(model: Model, spec: EvalSpec, client_map: ClientMap, has_test: bool):
+    def evaluate(params, data: FederatedData, test: ArrayData | None):
+        out = {}
+        if spec.central and has_test:
+            out.update(evaluate_central(model, params, test, spec.batch_size))
+        if spec.clients and data.has_client_test:
+            out.update(
+                evaluate_clients(
+                    model, params, data.x_test, data.y_test, data.test_counts, client_map
+                )
+            )
+        if spec.train:
+            stats = evaluate_clients(
+                model, params, data.x, data.y, data.counts, client_map, prefix="train"
+            )
+            out["train_objective"] = stats["train_loss_pooled"]
+            out["train_accuracy_worst"] = stats["train_accuracy_worst"]
+        if spec.extra is not None:
+            out.update(spec.extra(params, data, test))
+        return out
+
+    return jax.jit(evaluate)

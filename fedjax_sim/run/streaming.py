@@ -1,0 +1,648 @@
+"""`simulate_streamed`: populations beyond device memory.
+
+The population's data stays outside the device, in a `ClientStore` (host RAM or memory-mapped
+files on disk) or a procedural `Population` (data generated on device from `(seed, client
+id)`). Each round's cohort depends only on `(key, round)` (or on the event engine's own
+state, which does not depend on the model), so a `CohortPlan` draws the ids of the coming
+rounds on the host side; a background thread gathers their rows and `device_put`s them
+while the device runs the current chunk of rounds. The algorithm's `step` gets a
+`CohortData` view: the cohort's rows plus the population's `[C]` counts, indexed by real
+client ids, so the run is bit-for-bit the on-device run (`exact` plans). Device memory is
+O(cohort x chunk + model + 8 bytes per client for the algorithm's own cohort draw), plus the
+per-client state rows `[C, ...]` (SCAFFOLD's control variates, FedDyn's h_i, error-feedback
+memories, MIFA's and AREA's read models and memories), unless `state_rows="host"`: then they
+live in a host `HostStore` (RAM or memory-mapped files) and each chunk gets only the rows of
+the clients it touches, as `data.store.CohortRows` tables that the algorithm layer's row
+functions address by real client id (see `simulate_streamed`).
+
+Plans:
+- `AlgorithmCohorts(cohort, counts)`: the ids `CohortSpec.sample` draws in the FedAvg-type
+  and stateful algorithms (`round_key(key, round, COHORT)`); exact.
+- `EventCohorts(events)`: the firing slots of the asynchronous event engine, replayed
+  without the model (padding slots read client C-1, as the algorithms do); exact.
+- `UniformCohorts(num_clients, size)`: M distinct ids drawn on the host in O(M) (numpy,
+  seeded by the key and the round), for populations too large for an O(C) draw (10^9). The
+  algorithm then sees the cohort as its whole population (`CohortSpec()` full participation;
+  client keys use the slot 0..M-1): the same distribution of rounds, not the same bits, and
+  only for algorithms without per-client state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh
+
+from fedjax_sim.algorithms.core import COHORT, Algorithm, CohortSpec, round_key, tree_all_finite
+from fedjax_sim.data.federated import ArrayData, FederatedData
+from fedjax_sim.data.procedural import Population
+from fedjax_sim.data.store import ClientStore, CohortData, CohortRows, HostStore
+from fedjax_sim.models.base import Model
+from fedjax_sim.run.history import History
+from fedjax_sim.run.loop import check_run_args, chunk_length, run_loop, spans
+from fedjax_sim.run.simulate import INIT_PURPOSE, EvalSpec, evaluate_central
+
+
+# ------------------------------------------------------------------------------ plans
+class CohortPlan(Protocol):
+    """The client ids each round reads, drawn ahead of the rounds."""
+
+    size: int  # M, ids per round
+    num_clients: int  # C, the population the ids come from
+    exact: bool  # the algorithm draws the same ids itself from the [C] counts
+
+    def cohorts(self, key: jax.Array, start: int, num: int) -> np.ndarray:
+        """`[num, M]` int ids of rounds `start .. start + num - 1` (0-based)."""
+        ...
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _sample_rounds(cohort: CohortSpec, key: jax.Array, counts: jax.Array, rounds: jax.Array):
+    return jax.vmap(lambda r: cohort.sample(round_key(key, r, COHORT), counts)[0])(rounds)
+
+
+class AlgorithmCohorts:
+    """Ids drawn by `cohort.sample(round_key(key, round, COHORT), counts)`, the sampler of
+    every FedAvg-type and stateful algorithm."""
+
+    exact = True
+
+    def __init__(self, cohort: CohortSpec, counts: Any):
+        counts = np.asarray(counts, np.int32)
+        cohort.check(counts.shape[0])
+        self.cohort = cohort
+        self.counts = jnp.asarray(counts)
+        self.num_clients = c = int(counts.shape[0])
+        self.size = c if cohort.size is None else cohort.size
+
+    def cohorts(self, key: jax.Array, start: int, num: int) -> np.ndarray:
+        rounds = jnp.arange(start, start + num, dtype=jnp.int32)
+        return np.asarray(_sample_rounds(self.cohort, key, self.counts, rounds))
+
+
+class EventCohorts:
+    """The event engine's firing slots per iteration, replayed from `events.init(key)`
+    without the model (`draw` then `advance`; the arrival process does not depend on the
+    model or on `read_after_aggregate`)."""
+
+    exact = True
+
+    def __init__(self, events: Any):
+        self.events = events
+        self.num_clients = int(events.num_clients)
+        self.size = int(events.slots)
+        self._state: Any = None
+        self._next = 0
+        self._key_data: np.ndarray | None = None
+        ev = events
+
+        def run(state, key, num):
+            def body(st, _):
+                tick = ev.draw(st, round_key(key, st.k, COHORT))
+                return ev.advance(st, tick), jnp.minimum(tick.ids, ev.num_clients - 1)
+
+            return lax.scan(body, state, None, length=num)
+
+        self._run = jax.jit(run, static_argnums=2)
+
+    def cohorts(self, key: jax.Array, start: int, num: int) -> np.ndarray:
+        kd = np.asarray(jax.random.key_data(key))
+        if self._state is None or start != self._next or not np.array_equal(kd, self._key_data):
+            self._state, self._next, self._key_data = self.events.init(key), 0, kd
+            if start > 0:
+                self._state, _ = self._run(self._state, key, start)
+                self._next = start
+        self._state, ids = self._run(self._state, key, num)
+        self._next = start + num
+        return np.asarray(ids)
+
+
+@dataclasses.dataclass
+class UniformCohorts:
+    """`size` distinct ids uniform over `num_clients`, drawn on the host in O(size) from
+    `(key, round)`; the algorithm sees the cohort as its population (not `exact`)."""
+
+    num_clients: int
+    size: int
+    exact: bool = dataclasses.field(default=False, init=False)
+
+    def __post_init__(self):
+        if not 1 <= self.size <= self.num_clients:
+            raise ValueError(f"cohort size must be in [1, {self.num_clients}], got {self.size}")
+
+    def cohorts(self, key: jax.Array, start: int, num: int) -> np.ndarray:
+        kd = [int(v) for v in np.asarray(jax.random.key_data(key)).reshape(-1)]
+        out = np.empty((num, self.size), np.int64)
+        for j in range(num):  # one draw per round (host side, O(M) each)
+            rng = np.random.default_rng([*kd, start + j])
+            out[j] = rng.choice(self.num_clients, self.size, replace=False)
+        return out
+
+
+# ------------------------------------------------------------------------------ sources
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+    """How a chunk's device rows are made from what the host sent (hashable: part of the
+    compiled chunk's cache key)."""
+
+    decode: Any = None  # store: on-device decode of x
+    population: Population | None = None  # procedural: rows generated from the ids
+
+    def __call__(self, host: dict[str, jax.Array], ids: jax.Array):
+        if self.population is not None:
+            x, y = self.population.rows(ids)
+            return x, y, self.population.counts(ids)
+        return self.decode(host["x"]), host["y"], host["counts"]
+
+
+def _source_info(source: ClientStore | Population) -> tuple[int, int, np.ndarray | None]:
+    if isinstance(source, ClientStore):
+        return source.num_clients, source.num_classes, source.counts
+    if isinstance(source, Population):
+        return source.num_clients, source.num_classes, None
+    raise TypeError(f"source must be a ClientStore or a procedural Population, got {type(source)}")
+
+
+# ------------------------------------------------------------------------------ state rows
+@jax.jit
+def _patch(table: list, slots: jax.Array, prev: list, prev_slots: jax.Array) -> list:
+    """Rows `table [U, ...]` of clients `slots [U]`, with those the previous chunk holds
+    (`prev [U, ...]` of `prev_slots [U]`, newer than the host's) taken from it."""
+    s = jnp.minimum(jnp.searchsorted(prev_slots, slots), prev_slots.shape[0] - 1)
+    fresh = prev_slots[s] == slots
+    return [
+        jnp.where(fresh.reshape(-1, *([1] * (t.ndim - 1))), p[s], t)
+        for t, p in zip(table, prev, strict=True)
+    ]
+
+
+class _RowStore:
+    """`state_rows="host"`: the `[C, ...]` row leaves of the algorithm state in a
+    `HostStore`, the device rows of the chunk that ran last, and their write-back.
+
+    Order: chunk i's rows are gathered (background thread, while chunk i - 1 computes) once
+    chunks `< i - 1` are written back (`wait_written`); `enter` patches in the rows chunk
+    i - 1 changed from its device table; `write_back` (main thread, after chunk i is
+    dispatched, so while it runs) returns chunk i - 1's rows. Gathers and write-backs never
+    touch the store at the same time: chunk i's rows are out of the queue before chunk
+    i - 1's write-back starts, and chunk i + 1's gather waits for it."""
+
+    def __init__(self, store: HostStore, treedef: Any, leaves: list, mask: list[bool], c: int):
+        self.store, self.treedef, self.mask, self.num_clients = store, treedef, mask, c
+        self.device = jax.devices()[0]  # where the chunks run
+        self.names = [f"leaf{i}" for i, m in enumerate(mask) if m]
+        # the state between chunks: device leaves, no rows (they are on the host)
+        self.device_state = treedef.unflatten(
+            [None if m else a for a, m in zip(leaves, mask, strict=True)]
+        )
+        self.prev: tuple[jax.Array, list] | None = None  # (slots, rows) of the last chunk
+        self.pending: tuple[jax.Array, list] | None = None  # not yet written back
+        self.written = 0  # chunks written back
+        self.cond = threading.Condition()
+
+    @classmethod
+    def init(
+        cls, algorithm: Algorithm, params: Any, key: jax.Array, c: int, path: str | None
+    ) -> _RowStore:
+        """The initial state built on the host CPU (its rows never reach the device); rows
+        in RAM, or in memory-mapped files under `path`."""
+        if jax.default_backend() == "cpu":
+            state = algorithm.init(params, key)
+        else:  # on the host CPU, not in device memory
+            cpu = jax.devices("cpu")[0]
+            with jax.default_device(cpu):
+                state = algorithm.init(jax.device_put(params, cpu), jax.device_put(key, cpu))
+        treedef = jax.tree.structure(state)
+        mask = [bool(m) for m in treedef.flatten_up_to(algorithm.rows(state))]
+        leaves = treedef.flatten_up_to(state)
+        rows = {f"leaf{i}": np.array(a) for i, a in enumerate(leaves) if mask[i]}
+        for name, a in rows.items():
+            if a.ndim == 0 or a.shape[0] != c:
+                raise ValueError(f"state row {name} has shape {a.shape}, expected [{c}, ...]")
+        if path is None:
+            store = HostStore(rows)
+        else:
+            spec = {n: (a.shape[1:], a.dtype) for n, a in rows.items()}
+            store = HostStore.create(path, c, spec)
+            store.write_rows(0, rows)
+        device = jax.devices()[0]
+        leaves = [
+            None if m else jax.device_put(a, device) for a, m in zip(leaves, mask, strict=True)
+        ]
+        return cls(store, treedef, leaves, mask, c)
+
+    def _with_rows(self, state: Any, rows: list) -> Any:
+        """`state` with its row leaves replaced by `rows` (in leaf order)."""
+        it = iter(rows)
+        leaves = self.treedef.flatten_up_to(state)
+        return self.treedef.unflatten(
+            [next(it) if m else a for a, m in zip(leaves, self.mask, strict=True)]
+        )
+
+    def wait_written(self, chunks: int, stop: threading.Event) -> bool:
+        """Waits until `chunks` chunks are written back (False: the run stopped)."""
+        with self.cond:
+            while self.written < chunks:
+                if stop.is_set():
+                    return False
+                self.cond.wait(0.1)
+        return True
+
+    def gather(self, ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        """`(slots [U], rows [U, ...] per row leaf)` for a chunk's ids `[T, M]`: the union of
+        its cohorts padded with the lowest other ids to `U = min(C, T x M)` (one shape)."""
+        size = min(self.num_clients, ids.size)
+        slots = np.unique(ids)
+        if slots.size < size:
+            extra = np.setdiff1d(np.arange(size), slots, assume_unique=True)
+            slots = np.sort(np.concatenate([slots, extra[: size - slots.size]]))
+        rows = self.store.gather(slots)
+        return slots.astype(np.int32), [rows[n] for n in self.names]
+
+    def enter(self, state: Any, slots: jax.Array, table: list) -> Any:
+        """`state` with its row leaves the chunk's `CohortRows [U, ...]` (patched)."""
+        if self.prev is not None:
+            table = _patch(table, slots, self.prev[1], self.prev[0])
+        # one slot-id array per row leaf: the chunk donates its state, and a donated
+        # argument cannot hold one buffer twice
+        return self._with_rows(
+            state,
+            [
+                CohortRows(t, jnp.copy(slots) if i else slots, self.num_clients)
+                for i, t in enumerate(table)
+            ],
+        )
+
+    def leave(self, state: Any) -> None:
+        """Keeps the chunk's new rows (to patch the next chunk) and queues their write-back."""
+        leaves = self.treedef.flatten_up_to(state)
+        rows = [a for a, m in zip(leaves, self.mask, strict=True) if m]
+        self.prev = self.pending = (rows[0].slot_ids, [r.rows for r in rows])
+
+    def write_back(self) -> int:
+        """Writes the queued rows to the host store; returns the bytes."""
+        if self.pending is None:
+            return 0
+        slots, table = self.pending
+        host = {n: np.asarray(t) for n, t in zip(self.names, table, strict=True)}
+        self.store.scatter(np.asarray(slots), host)
+        self.pending = None
+        with self.cond:
+            self.written += 1
+            self.cond.notify_all()
+        return sum(v.nbytes for v in host.values())
+
+    def final_state(self, state: Any) -> Any:
+        """`state` with its row leaves the host store's `[C, ...]` arrays."""
+        self.store.flush()
+        return self._with_rows(state, [self.store.arrays[n] for n in self.names])
+
+    def saved(self, state: Any) -> Any:
+        """`state` with its row leaves the host store's `[C, ...]` arrays (written back)."""
+        self.write_back()
+        return self.final_state(state)
+
+    def restored(self, tree: Any) -> Any:
+        """The device state of a checkpoint's `tree`; its rows go to the host store."""
+        leaves = self.treedef.flatten_up_to(tree)
+        rows = [np.asarray(a) for a, m in zip(leaves, self.mask, strict=True) if m]
+        self.store.scatter(np.arange(self.num_clients), dict(zip(self.names, rows, strict=True)))
+        self.prev = self.pending = None
+        return self.treedef.unflatten(
+            [
+                None if m else jax.device_put(a, self.device)
+                for a, m in zip(leaves, self.mask, strict=True)
+            ]
+        )
+
+
+# ------------------------------------------------------------------------------ runner
+@dataclasses.dataclass
+class StreamStats:
+    """Host-side data pipeline timings of a streamed run (seconds)."""
+
+    prefetch_seconds: float = 0.0  # drawing ids + gathering rows + device_put, all chunks
+    stall_seconds: float = 0.0  # the main loop waiting for data, chunks after the first
+    first_chunk_seconds: float = 0.0  # data of the first chunk (cannot overlap anything)
+    bytes_sent: int = 0  # data, ids and (state_rows="host") state rows sent to the device
+    bytes_returned: int = 0  # state rows written back to the host store
+    writeback_seconds: float = 0.0  # main loop: state rows to the host, while a chunk runs
+    chunks: int = 0
+    chunk_seconds: list[float] = dataclasses.field(default_factory=list)  # wall, incl. stalls
+
+    @property
+    def overlap(self) -> float:
+        """Fraction of the prefetch work (after the first chunk) hidden behind compute."""
+        work = self.prefetch_seconds - self.first_chunk_seconds
+        return 1.0 if work <= 0 else max(0.0, 1.0 - self.stall_seconds / work)
+
+    def to_dict(self) -> dict[str, float]:
+        return {**dataclasses.asdict(self), "overlap": self.overlap}
+
+
+def simulate_streamed(
+    algorithm: Algorithm,
+    source: ClientStore | Population,
+    key: jax.Array,
+    *,
+    plan: CohortPlan,
+    model: Model,
+    num_rounds: int,
+    test: ArrayData | None = None,
+    params: Any = None,
+    evaluation: EvalSpec = EvalSpec(clients=False),
+    progress: bool = True,
+    prefetch: int = 2,
+    meta: dict[str, Any] | None = None,
+    state_rows: Literal["device", "host"] = "device",
+    rows_dir: str | None = None,
+    out_dir: str | None = None,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
+    on_resume: Callable[[int], None] | None = None,
+    privacy: Callable[[int], float] | None = None,
+    mesh: Mesh | None = None,
+    return_state: bool = False,
+) -> History | tuple[History, Any]:
+    """Runs `num_rounds` of `algorithm` on a population outside device memory.
+
+    The loop of `simulate` (`fedjax_sim.run.loop.run_loop`: scan chunks, central evaluation,
+    progress bar, NaN guard, `out_dir` files, checkpoints and resume, Ctrl-C, `privacy`;
+    those arguments as in `simulate`), but each chunk's cohort rows `[T, M, ...]` are gathered from
+    `source` by a background thread (`prefetch` chunks ahead) and passed to the compiled
+    chunk; rounds see a `CohortData` view (exact plans) or the cohort as their population
+    (`UniformCohorts`). `History.meta["streaming"]` holds the pipeline timings
+    (`StreamStats`).
+
+    Per-client state rows (the leaves `algorithm.rows` marks: hook rows, aggregator
+    memories, asynchronous read models and memories):
+    - `state_rows="device"`: `[C, ...]` in the algorithm state on device.
+    - `state_rows="host"`: `[C, ...]` in a `HostStore` (NumPy; memory-mapped files under
+      `rows_dir` if given; `algorithm.init` builds them once in host RAM). The background
+      thread gathers the rows of the union of each chunk's cohorts (padded with other
+      clients to `U = min(C, T x M)` rows, one compiled shape) and the chunk runs on a
+      state whose row leaves are `CohortRows [U, ...]` (read and written by real client id;
+      keys and data use the real ids). A chunk's rows are gathered once the rows of the
+      chunk before the previous one are back on the host; the rows the previous chunk
+      changed are taken from its device table (`_patch`), and its write-back runs while the
+      next chunk computes. Bit for bit the `"device"` run, except statistics over all C
+      rows (`uplink_memory_rms`, FGDRO's objectives), not reported.
+    `return_state`: also return the final state (host-mode row leaves as host arrays).
+    Checkpoints hold the full state (host rows written back first); a resume puts the rows
+    back in the host store. `mesh` is refused (the chunk's rows are on one device).
+
+    Raises ValueError (before compiling) for settings a cohort view cannot serve: per-client
+    or training-set evaluation, a plan over another population size, `prefetch < 1`, host
+    rows with a non-exact plan or an algorithm that does not declare its rows.
+    """
+    check_run_args(num_rounds, evaluation.every, checkpoint_every, resume, checkpoint_dir)
+    if mesh is not None:
+        raise ValueError(
+            "mesh: a streamed run puts each chunk's cohort rows on one device (not sharded "
+            "yet); shard an on-device population with simulate(mesh=...)"
+        )
+    if evaluation.train or evaluation.extra is not None:
+        raise ValueError("a streamed run evaluates on the central test set only (no train/extra)")
+    if prefetch < 1:
+        raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+    num_clients, num_classes, host_counts = _source_info(source)
+    plan_c = getattr(plan, "num_clients", None)
+    if plan_c is not None and plan_c != num_clients:
+        raise ValueError(f"the cohort plan is for {plan_c} clients, the source has {num_clients}")
+    if plan.exact and isinstance(source, Population) and num_clients > 2**27:
+        raise ValueError(
+            f"an exact plan draws cohorts over all {num_clients} clients on device; use "
+            "UniformCohorts for populations this large"
+        )
+    if state_rows not in ("device", "host"):
+        raise ValueError(f'state_rows must be "device" or "host", got {state_rows!r}')
+    host_rows = state_rows == "host"
+    if host_rows and (not plan.exact or algorithm.rows is None):
+        raise ValueError(
+            'state_rows="host" needs an exact cohort plan and an algorithm that declares its '
+            "per-client rows (Algorithm.rows)"
+        )
+    if rows_dir is not None and not host_rows:
+        raise ValueError('rows_dir holds host state rows: give it with state_rows="host"')
+
+    if params is None:
+        params = model.init(jax.random.fold_in(key, INIT_PURPOSE))
+    rows_store: _RowStore | None = None
+    if host_rows:
+        rows_store = _RowStore.init(algorithm, params, key, num_clients, rows_dir)
+        state = rows_store.device_state
+    else:
+        state = algorithm.init(params, key)
+    counts_dev = None
+    if plan.exact:
+        counts_dev = jnp.asarray(host_counts) if host_counts is not None else source.all_counts()
+    rows = _Rows(population=source) if isinstance(source, Population) else _Rows(source.decode)
+    chunk = chunk_length(num_rounds, evaluation.every, checkpoint_every)
+    stream = _Stream(
+        run_chunk=_compiled_stream_chunk(algorithm, chunk, rows, num_classes, plan.exact),
+        evaluator=_compiled_central(model, evaluation.batch_size) if test is not None else None,
+        test=test,
+        source=source,
+        plan=plan,
+        key=key,
+        counts=counts_dev,
+        rows_store=rows_store,
+        chunk=chunk,
+        prefetch=prefetch,
+        spans=functools.partial(
+            spans, num_rounds=num_rounds, every=evaluation.every, checkpoint_every=checkpoint_every
+        ),
+    )
+    try:
+        (history,), state = run_loop(
+            stream,
+            state,
+            key,
+            [dict(meta or {})],
+            num_rounds=num_rounds,
+            every=evaluation.every,
+            out_dir=out_dir,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            resume=resume,
+            progress=progress,
+            on_resume=on_resume,
+            privacy=privacy,
+            nonfinite_hint="lower the learning rates, check the data, or check that the cohort "
+            "plan covers every id the algorithm reads (missing clients read NaN features)",
+        )
+        if rows_store is not None:
+            state = rows_store.saved(state)
+    finally:
+        stream.stop.set()
+    history.meta["streaming"] = stream.stats.to_dict()
+    return (history, state) if return_state else history
+
+
+class _Stream:
+    """`simulate_streamed`'s chunks: each chunk's cohort rows (and host state rows) come
+    from a background thread that gathers them `prefetch` chunks ahead, from the chunk the
+    loop starts at."""
+
+    def __init__(
+        self,
+        *,
+        run_chunk: Callable[..., Any],
+        evaluator: Callable[..., Any] | None,
+        test: ArrayData | None,
+        source: ClientStore | Population,
+        plan: CohortPlan,
+        key: jax.Array,
+        counts: jax.Array | None,
+        rows_store: _RowStore | None,
+        chunk: int,
+        prefetch: int,
+        spans: Callable[[int], list[tuple[int, int]]],
+    ):
+        self.run_chunk, self.evaluator, self.test = run_chunk, evaluator, test
+        self.source, self.plan, self.key, self.counts = source, plan, key, counts
+        self.rows_store, self.chunk, self.spans = rows_store, chunk, spans
+        self.stats = StreamStats()
+        self.queue: queue.Queue = queue.Queue(maxsize=prefetch)
+        self.stop = threading.Event()
+        self.worker: threading.Thread | None = None
+
+    def _produce(self, spans: list[tuple[int, int]]) -> None:
+        source, rows_store, stats = self.source, self.rows_store, self.stats
+        try:
+            for i, (r0, r1) in enumerate(spans):
+                t0 = time.perf_counter()
+                ids = self.plan.cohorts(self.key, r0, r1 - r0)
+                ids = np.sort(np.asarray(ids).reshape(r1 - r0, -1), axis=1).astype(np.int32)
+                if ids.shape[0] < self.chunk:  # padded rounds are skipped by the chunk
+                    ids = np.concatenate([ids, np.repeat(ids[:1], self.chunk - ids.shape[0], 0)])
+                host: dict[str, np.ndarray] = {}
+                if isinstance(source, ClientStore):
+                    flat = ids.reshape(-1)
+                    host = source.rows.gather(flat)
+                    host = {k: v.reshape(*ids.shape, *v.shape[1:]) for k, v in host.items()}
+                    host["counts"] = source.counts[flat].reshape(ids.shape)
+                sent = {"ids": ids, **host}
+                if rows_store is not None:
+                    # chunks up to i - 2 written back; chunk i - 1's rows are patched in
+                    if not rows_store.wait_written(i - 1, self.stop):
+                        return
+                    sent["slots"], sent["rows"] = rows_store.gather(ids)
+                item = (ids, host, sent.get("slots"), sent.get("rows"))
+                # host rows: committed, as the patched rows of later chunks (one compilation)
+                item = jax.device_put(item, None if rows_store is None else rows_store.device)
+                jax.block_until_ready(item)
+                dt = time.perf_counter() - t0
+                stats.prefetch_seconds += dt
+                stats.first_chunk_seconds += dt if i == 0 else 0.0
+                stats.bytes_sent += sum(v.nbytes for v in jax.tree.leaves(sent))
+                while not self.stop.is_set():
+                    try:
+                        self.queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self.stop.is_set():
+                    return
+        except BaseException as e:  # handed to the main loop
+            self.queue.put(e)
+
+    def run(self, state: Any, start: int, stop: int) -> tuple[Any, list[dict[str, np.ndarray]]]:
+        if self.worker is None:
+            self.worker = threading.Thread(
+                target=self._produce,
+                args=(self.spans(start),),
+                name="fedjax-sim-prefetch",
+                daemon=True,
+            )
+            self.worker.start()
+        t_wait = time.perf_counter()
+        item = self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        if self.stats.chunks > 0:
+            self.stats.stall_seconds += time.perf_counter() - t_wait
+        ids, host, slots, table = item
+        if self.rows_store is not None:
+            state = self.rows_store.enter(state, slots, table)
+        state, metrics = self.run_chunk(state, host, ids, self.counts, self.key, stop - start)
+        if self.rows_store is not None:  # the previous chunk's rows, while this one runs
+            t_back = time.perf_counter()
+            self.stats.bytes_returned += self.rows_store.write_back()
+            self.stats.writeback_seconds += time.perf_counter() - t_back
+        metrics = jax.tree.map(lambda m: np.asarray(m)[: stop - start], metrics)
+        if self.rows_store is not None:
+            self.rows_store.leave(state)
+        self.stats.chunks += 1
+        self.stats.chunk_seconds.append(time.perf_counter() - t_wait)  # incl. waiting for data
+        return state, [metrics]
+
+    def evaluate(self, state: Any) -> list[dict[str, float]]:
+        if self.evaluator is None:
+            return [{}]  # as `simulate`: a row per evaluation point
+        return [{k: float(v) for k, v in self.evaluator(state.params, self.test).items()}]
+
+    def saved(self, state: Any) -> Any:
+        return state if self.rows_store is None else self.rows_store.saved(state)
+
+    def restored(self, tree: Any) -> Any:
+        return tree if self.rows_store is None else self.rows_store.restored(tree)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_stream_chunk(
+    algorithm: Algorithm, length: int, rows: _Rows, num_classes: int, exact: bool
+):
+    """`jit(run(state, host [T, M, ...], ids [T, M], counts, key, n))`: like
+    `simulate._compiled_chunk` (the state donated), with round t's cohort rows as the scan's
+    input."""
+
+    def run(state, host, ids, counts, key, n):
+        def advance(state, host_t, ids_t):
+            x, y, cohort_counts = rows(host_t, ids_t)
+            if exact:
+                view = CohortData(x=x, y=y, counts=counts, slot_ids=ids_t, num_classes=num_classes)
+            else:
+                view = FederatedData(x=x, y=y, counts=cohort_counts, num_classes=num_classes)
+            state, metrics = algorithm.step(state, view, key)
+            return state, {**metrics, "params_finite": tree_all_finite(state.params)}
+
+        out_shape = jax.eval_shape(advance, state, jax.tree.map(lambda a: a[0], host), ids[0])[1]
+
+        def body(state, xs):
+            i, host_t, ids_t = xs
+
+            def skip(state, host_t, ids_t):
+                return state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)
+
+            return lax.cond(i < n, advance, skip, state, host_t, ids_t)
+
+        return lax.scan(body, state, (jnp.arange(length), host, ids))
+
+    return jax.jit(run, donate_argnums=0)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_central(model: Model, batch_size: int):
+    return jax.jit(lambda params, test: evaluate_central(model, params, test, batch_size))
+
+
+__all__ = [
+    "AlgorithmCohorts",
+    "CohortPlan",
+    "EventCohorts",
+    "StreamStats",
+    "UniformCohorts",
+    "simulate_streamed",
+]

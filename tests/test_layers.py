@@ -1,0 +1,66 @@
+"""The package's layering (docs/design.md, "Layers"): at most 8 top-level units, imports only
+downward, no cycle, no function-local import below the app layer except of an optional
+dependency. Figures: `python tools/import_graph.py`."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tools"))
+
+import import_graph as g  # noqa: E402
+
+# rank of each top-level unit: a unit imports only units of lower rank (or itself)
+RANKS = {
+    "core": 0,
+    "data": 1,
+    "runtime": 2,
+    "models": 2,
+    "algorithms": 3,
+    "run": 4,
+    "app": 5,
+    "__main__": 6,
+}
+
+
+def _short(unit: str) -> str:
+    return unit.removeprefix(g.PACKAGE + ".")
+
+
+def test_at_most_eight_top_level_units_all_ranked():
+    units = {_short(u) for u in g.unit_graph(g.graph()[0])}
+    assert len(units) <= 8, sorted(units)
+    assert units == set(RANKS), sorted(units ^ set(RANKS))
+
+
+def test_imports_only_downward():
+    upward = [
+        f"{_short(a)} -> {_short(b)}"
+        for a, targets in g.unit_graph(g.graph()[0]).items()
+        for b in targets
+        if RANKS[_short(b)] >= RANKS[_short(a)]
+    ]
+    assert upward == []
+
+
+def test_no_import_cycle_between_modules():
+    assert g.cycles(g.graph()[0]) == []
+
+
+# the app layer defers JAX-backed imports so that a bad flag is refused in well under a
+# second (tests/test_fuzz_cli.py); below it, a function-local import is a cycle dodge
+LAZY_LAYERS = ("app",)
+
+
+def test_no_function_local_import_below_the_app_layer():
+    _, local = g.graph()
+    below = [f"{m}:{line} -> {t}" for m, t, line in local if _short(g.unit(m)) not in LAZY_LAYERS]
+    assert below == []
+
+
+def test_figures_flag_a_cycle_and_an_upward_import():
+    """The checker can fail: a made-up graph with a cycle and a cross-unit edge."""
+    edges = {"p.a.x": {"p.b.y"}, "p.b.y": {"p.a.x"}, "p.c": set()}
+    assert g.cycles(edges) == [["p.a.x", "p.b.y"]]
+    assert g.unit_graph(edges) == {"p.a": {"p.b"}, "p.b": {"p.a"}, "p.c": set()}
