@@ -29,7 +29,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from fedjax_sim.algorithms.compose import mean
+from fedjax_sim.algorithms.aggregators import mean
 from fedjax_sim.algorithms.privacy import dp_mean
 from fedjax_sim.algorithms.robust import geometric_median, krum, median, trimmed_mean
 from fedjax_sim.app.bench.results import Recorder

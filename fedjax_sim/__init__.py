@@ -45,19 +45,11 @@ from fedjax_sim.algorithms import (
     s_fedavg,
     scaffold,
 )
-from fedjax_sim.algorithms.compose import (
-    Aggregator,
-    ClientWork,
-    Distributor,
-    LocalHook,
-    chain,
-    clipped,
-    compose,
-    compressed,
-    error_feedback,
-    forced_cohorts,
-    mean,
-)
+from fedjax_sim.algorithms.aggregators import Aggregator, clipped, compressed, error_feedback, mean
+from fedjax_sim.algorithms.client_work import ClientWork
+from fedjax_sim.algorithms.compose import compose
+from fedjax_sim.algorithms.distributors import Distributor, forced_cohorts
+from fedjax_sim.algorithms.local_hook import LocalHook, chain
 from fedjax_sim.data import ArrayData, Batch, FederatedData
 from fedjax_sim.models import Model
 from fedjax_sim.run.history import History

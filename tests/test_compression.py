@@ -9,7 +9,7 @@ import pytest
 
 from fedjax_sim.algorithms import compression as C
 from fedjax_sim.algorithms import fedavg
-from fedjax_sim.algorithms.compose import error_feedback
+from fedjax_sim.algorithms.aggregators import error_feedback
 
 
 def vec(seed, d=200):

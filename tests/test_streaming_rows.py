@@ -21,7 +21,7 @@ from fedjax_sim.algorithms import (
     mifa,
     scaffold,
 )
-from fedjax_sim.algorithms.compose import error_feedback
+from fedjax_sim.algorithms.aggregators import error_feedback
 from fedjax_sim.algorithms.compression import TopK
 from fedjax_sim.algorithms.events import Aggregation, Arrivals, Events
 from fedjax_sim.data import load_digits

@@ -125,7 +125,7 @@ plt.show()
 # same line clips SCAFFOLD, FedProx or FedMIM.
 
 # %%
-from fedjax_sim.algorithms.compose import clipped
+from fedjax_sim.algorithms.aggregators import clipped
 
 
 def clipped_fedavg(loss_fn, *, clip=1.0, **options):

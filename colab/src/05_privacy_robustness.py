@@ -3,7 +3,7 @@
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fedjax-sim/fedjax_sim/blob/main/colab/05_privacy_robustness.ipynb)
 #
-# Both are **aggregators** (`fedjax_sim.algorithms.compose.Aggregator`), so any synchronous
+# Both are **aggregators** (`fedjax_sim.algorithms.aggregators.Aggregator`), so any synchronous
 # algorithm takes them through `aggregator=`:
 #
 # - `dp_mean` is DP-FedAvg (McMahan et al. 2018): clip each client's update, add Gaussian
@@ -42,7 +42,7 @@ import matplotlib.pyplot as plt
 from fedjax_sim import CohortSpec, EvalSpec, LocalSpec, fedavg, simulate
 from fedjax_sim.algorithms.accounting import PrivacyAccounting
 from fedjax_sim.algorithms.attacks import Attack
-from fedjax_sim.algorithms.compose import mean
+from fedjax_sim.algorithms.aggregators import mean
 from fedjax_sim.algorithms.privacy import AdaptiveClipping, dp_mean, expected_cohort_size
 from fedjax_sim.algorithms.robust import geometric_median, krum, median, trimmed_mean
 from fedjax_sim.data import load_digits

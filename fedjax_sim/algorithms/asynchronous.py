@@ -1,4 +1,4 @@
-"""The asynchronous composer: client work (`compose.ClientWork`) and a server rule on the
+"""The asynchronous composer: client work (`client_work.ClientWork`) and a server rule on the
 event engine (`fedjax_sim.algorithms.events`), composed into an `Algorithm` whose `step` is
 one event iteration. Presets: AREA (`area`), AS-FedAvg, FedBuff, FedAsync (`fedbuff`),
 MIFA (`mifa`); S-FedAvg (`sfedavg`) is a synchronous `compose` preset with the engine's
@@ -42,7 +42,8 @@ import optax
 from flax import struct
 
 from fedjax_sim.algorithms import schedules
-from fedjax_sim.algorithms.compose import ClientOptimizer, ClientWork, LocalHook, chain, preset
+from fedjax_sim.algorithms.client_work import ClientWork
+from fedjax_sim.algorithms.compose import preset
 from fedjax_sim.algorithms.core import (
     COHORT,
     LOCAL,
@@ -65,6 +66,8 @@ from fedjax_sim.algorithms.events import (
     take_rows,
 )
 from fedjax_sim.algorithms.hooks import scaled
+from fedjax_sim.algorithms.local_hook import LocalHook, chain
+from fedjax_sim.algorithms.optimizers import ClientOptimizer
 from fedjax_sim.algorithms.schedules import client_sgd
 from fedjax_sim.core.checks import check_number, non_negative, positive
 from fedjax_sim.data.federated import FederatedData

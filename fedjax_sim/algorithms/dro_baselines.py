@@ -30,14 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fedjax_sim.algorithms.compose import (
-    Distributor,
-    DistributorSummary,
-    LocalHook,
-    Options,
-    preset,
-    synchronous,
-)
+from fedjax_sim.algorithms.compose import Options, preset, synchronous
 from fedjax_sim.algorithms.core import (
     EXTRA,
     Algorithm,
@@ -50,8 +43,10 @@ from fedjax_sim.algorithms.core import (
     round_key,
     tree_sub,
 )
+from fedjax_sim.algorithms.distributors import Distributor, DistributorSummary
 from fedjax_sim.algorithms.events import sample_cohort
 from fedjax_sim.algorithms.hooks import tilted
+from fedjax_sim.algorithms.local_hook import LocalHook
 from fedjax_sim.core.checks import check_number, is_concrete
 from fedjax_sim.data.federated import FederatedData, tree_size_bytes
 

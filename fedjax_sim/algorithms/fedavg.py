@@ -27,9 +27,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_sim.algorithms.compose import LocalHook, Options, preset, synchronous
+from fedjax_sim.algorithms.compose import Options, preset, synchronous
 from fedjax_sim.algorithms.core import Algorithm, LocalSpec, LossFn, Stragglers, tree_scale
 from fedjax_sim.algorithms.hooks import proximal
+from fedjax_sim.algorithms.local_hook import LocalHook
 from fedjax_sim.core.checks import check_number, positive
 
 

@@ -45,16 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sim.algorithms.compose import (
-    Distributor,
-    LocalHook,
-    Options,
-    RoundSummary,
-    cohort_distributor,
-    preset,
-    scatter_rows,
-    synchronous,
-)
+from fedjax_sim.algorithms.compose import Options, preset, synchronous
 from fedjax_sim.algorithms.core import (
     Algorithm,
     CohortSpec,
@@ -63,6 +54,9 @@ from fedjax_sim.algorithms.core import (
     tree_norm,
     tree_sub,
 )
+from fedjax_sim.algorithms.distributors import Distributor, cohort_distributor
+from fedjax_sim.algorithms.local_hook import LocalHook, RoundSummary
+from fedjax_sim.algorithms.rows import scatter_rows
 from fedjax_sim.algorithms.similarity import MessageMethod, SimilarityGraph, graph_from_data
 from fedjax_sim.core.checks import check_number
 from fedjax_sim.data.federated import FederatedData, tree_size_bytes

@@ -46,8 +46,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fedjax_sim.algorithms.compose import LocalHook, Options, RoundSummary, preset, synchronous
+from fedjax_sim.algorithms.compose import Options, preset, synchronous
 from fedjax_sim.algorithms.core import Algorithm, CohortSpec, LocalSpec, LossFn, float_dtype
+from fedjax_sim.algorithms.local_hook import LocalHook, RoundSummary
 from fedjax_sim.core.checks import check_number, is_concrete, non_negative, positive
 from fedjax_sim.data.federated import tree_size_bytes
 

@@ -44,10 +44,12 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from fedjax_sim.algorithms.compose import LocalHook, Options, error_feedback, preset, synchronous
+from fedjax_sim.algorithms.aggregators import error_feedback
+from fedjax_sim.algorithms.compose import Options, preset, synchronous
 from fedjax_sim.algorithms.compression import Compressor, make
 from fedjax_sim.algorithms.core import Algorithm, CohortSpec, LocalSpec, LossFn, Sampling
 from fedjax_sim.algorithms.hooks import proximal
+from fedjax_sim.algorithms.local_hook import LocalHook
 from fedjax_sim.algorithms.schedules import Schedule, constant
 from fedjax_sim.core.checks import positive
 

@@ -1,5 +1,5 @@
-"""Local-step hooks (`compose.LocalHook`) of the published algorithms, composable with
-`compose.chain` and any aggregator, server optimizer and cohort.
+"""Local-step hooks (`local_hook.LocalHook`) of the published algorithms, composable with
+`local_hook.chain` and any aggregator, server optimizer and cohort.
 
 | hook | local direction | state | paper |
 |---|---|---|---|
@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sim.algorithms.compose import HookContext, LocalHook, LocalOutcome, RoundSummary
 from fedjax_sim.algorithms.core import tree_add, tree_norm, tree_scale, tree_sub
+from fedjax_sim.algorithms.local_hook import HookContext, LocalHook, LocalOutcome, RoundSummary
 from fedjax_sim.core.checks import Range, check_number, non_negative, positive
 from fedjax_sim.data.federated import tree_size_bytes
 

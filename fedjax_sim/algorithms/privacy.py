@@ -40,7 +40,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from fedjax_sim.algorithms.compose import Aggregator
+from fedjax_sim.algorithms.aggregators import Aggregator
 from fedjax_sim.algorithms.core import CohortSpec
 from fedjax_sim.core import extras
 from fedjax_sim.core.checks import non_negative, positive

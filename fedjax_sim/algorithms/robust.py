@@ -35,7 +35,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fedjax_sim.algorithms.compose import Aggregator
+from fedjax_sim.algorithms.aggregators import Aggregator
 from fedjax_sim.core.checks import check_number, positive
 from fedjax_sim.data.federated import tree_size_bytes
 

@@ -29,8 +29,9 @@ from fedjax_sim.algorithms.asynchronous import (
     check_clients,
     project,
 )
-from fedjax_sim.algorithms.compose import Distributor, compose
+from fedjax_sim.algorithms.compose import compose
 from fedjax_sim.algorithms.core import EXTRA, Algorithm, LossFn, round_key
+from fedjax_sim.algorithms.distributors import Distributor
 from fedjax_sim.algorithms.events import Events, sample_cohort
 
 

@@ -510,7 +510,7 @@ class CohortRows:
     distinct), gathered from a `HostStore` before a chunk of rounds and scattered back after
     it. `num_clients` C (static; None: unknown) clamps padding ids C to C - 1, as
     `events.take_rows` does on a `[C, ...]` array. The row functions of the algorithm layer
-    (`compose.gather_rows` / `scatter_rows`, `events.take_rows` / `set_rows`) dispatch on it,
+    (`rows.gather_rows` / `scatter_rows`, `events.take_rows` / `set_rows`) dispatch on it,
     so an algorithm runs unchanged on `[C, ...]` arrays and on streamed rows; every id it
     reads must be in `slot_ids` (the streamed driver gathers the union of a chunk's cohorts).
     """

@@ -16,7 +16,7 @@ import numpy as np
 import optax
 
 from fedjax_sim import algorithms as A
-from fedjax_sim.algorithms.compose import error_feedback
+from fedjax_sim.algorithms.aggregators import error_feedback
 from fedjax_sim.algorithms.compression import TopK
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec, Stragglers
 from fedjax_sim.algorithms.events import Aggregation, Arrivals, Events

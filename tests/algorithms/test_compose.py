@@ -9,16 +9,14 @@ import optax
 import pytest
 
 from fedjax_sim.algorithms import fedavg, fednova, fedprox, scaffold
-from fedjax_sim.algorithms.compose import (
-    ClientWork,
-    chain,
-    compose,
-    error_feedback,
-    forced_cohorts,
-)
+from fedjax_sim.algorithms.aggregators import error_feedback
+from fedjax_sim.algorithms.client_work import ClientWork
+from fedjax_sim.algorithms.compose import compose
 from fedjax_sim.algorithms.compression import TopK
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec, Stragglers
+from fedjax_sim.algorithms.distributors import forced_cohorts
 from fedjax_sim.algorithms.hooks import control_variates
+from fedjax_sim.algorithms.local_hook import chain
 from fedjax_sim.data import least_squares
 from fedjax_sim.models import linear_regression
 

@@ -14,7 +14,6 @@ import pytest
 from jax import lax
 
 from fedjax_sim.algorithms import ALGORITHMS, fedavg, fedlps, fedprox
-from fedjax_sim.algorithms.compose import HookContext
 from fedjax_sim.algorithms.core import (
     COHORT,
     LOCAL,
@@ -25,6 +24,7 @@ from fedjax_sim.algorithms.core import (
     round_key,
 )
 from fedjax_sim.algorithms.fedlps import perturbation, perturbation_anchors
+from fedjax_sim.algorithms.local_hook import HookContext
 from fedjax_sim.algorithms.similarity import similarity_graph
 from fedjax_sim.data import least_squares, pack
 from fedjax_sim.models import linear_regression, logistic_regression

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from fedjax_sim.algorithms import ALGORITHMS, fedavg, fedprox, schedules
-from fedjax_sim.algorithms.compose import error_feedback
+from fedjax_sim.algorithms.aggregators import error_feedback
 from fedjax_sim.algorithms.compression import Identity, TopK
 from fedjax_sim.algorithms.core import (
     LOCAL,

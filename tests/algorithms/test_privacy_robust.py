@@ -12,7 +12,7 @@ from dp_accounting import rdp
 from fedjax_sim.algorithms import fedavg
 from fedjax_sim.algorithms.accounting import PrivacyAccounting
 from fedjax_sim.algorithms.attacks import Attack
-from fedjax_sim.algorithms.compose import ClientWork
+from fedjax_sim.algorithms.client_work import ClientWork
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
 from fedjax_sim.algorithms.privacy import AdaptiveClipping, dp_mean
 from fedjax_sim.algorithms.robust import (
@@ -251,7 +251,7 @@ def test_geometric_median_and_centered_clip_vs_numpy():
 
 def test_robust_aggregators_run_in_presets_with_bernoulli_cohorts():
     from fedjax_sim.algorithms import scaffold
-    from fedjax_sim.algorithms.compose import compressed
+    from fedjax_sim.algorithms.aggregators import compressed
     from fedjax_sim.algorithms.compression import TopK
 
     problem = least_squares(num_clients=8, examples_per_client=10, dim=3, seed=0)

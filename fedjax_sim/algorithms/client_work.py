@@ -1,0 +1,207 @@
+"""`ClientWork`: one client's local training with a chain of hooks (TFF's client work)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_sim.algorithms.core import (
+    LocalSpec,
+    LossFn,
+    Params,
+    Stragglers,
+    local_train,
+    tree_sub,
+)
+from fedjax_sim.algorithms.local_hook import Chain, HookContext, LocalOutcome
+from fedjax_sim.algorithms.optimizers import (
+    ClientOptimizer,
+    check_client_optimizer,
+    client_lr_at,
+    client_optimizer_at,
+)
+from fedjax_sim.core.checks import is_concrete, non_negative
+from fedjax_sim.data.federated import FederatedData
+
+
+class ClientResult(NamedTuple):
+    """One client's local training (`ClientWork.train`); the last three keyed by hook name."""
+
+    loss: jax.Array  # [] mean local training loss
+    steps: jax.Array  # [] executed local steps
+    params: Params  # x_i, the final local model
+    delta: Params  # x_i - x_t
+    update: Params  # what the client sends (the hooks' `send` of delta)
+    rows: dict[str, Any]  # new per-client rows
+    summands: dict[str, Any]  # summands averaged over the cohort
+    outputs: dict[str, Any]  # outputs stacked over the cohort
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ClientWork:
+    """Local training of one client: `local` steps of `client_optimizer` on `loss_fn` with
+    the directions of `hook` (a `chain` of local-step hooks).
+
+    Attributes:
+      loss_fn: `loss_fn(params, batch) -> scalar`, e.g. `model.loss`.
+      client_optimizer: float (SGD learning rate), schedule of the round, optax
+        transformation, or callable `round -> optax transformation`.
+      local: local steps / epochs, batch size, minibatch sampling.
+      hook: the chained local-step hooks (`chain()` is plain local SGD).
+      weight_decay: `wd * x` added to the direction at the iterate
+        (`optax.add_decayed_weights`, torch SGD's placement).
+      stragglers: FedProx's systems heterogeneity (synchronous rounds only).
+      box: optional `(lower, upper)`: project onto the box after every local step.
+      attack: optional `attacks.Attack`: Byzantine clients poison their data or the update
+        they send (the cohort-level ALIE is applied by `compose`).
+    """
+
+    loss_fn: LossFn
+    client_optimizer: ClientOptimizer = 0.1
+    local: LocalSpec = LocalSpec()
+    hook: Chain = Chain(())
+    weight_decay: Any = 0.0
+    stragglers: Stragglers = Stragglers()
+    box: tuple[float, float] | None = None
+    attack: Any = None
+
+    def __post_init__(self):
+        check_client_optimizer(self.client_optimizer)
+        non_negative("weight_decay", self.weight_decay)
+        if not isinstance(self.hook, Chain):
+            raise TypeError("ClientWork.hook must be chain(...) of LocalHook parts")
+        if self.box is not None and not (len(self.box) == 2 and self.box[0] < self.box[1]):
+            raise ValueError(f"box must be (lower, upper) with lower < upper, got {self.box}")
+
+    # -- state
+    def init_rows(self, params: Params, num_clients: int) -> dict[str, Any]:
+        """`{hook name: rows [C, ...]}` of the hooks with per-client state."""
+        out = {}
+        for h in self.hook.hooks:
+            if h.init_row is not None:
+                row = h.init_row(params)
+                out[h.name] = jax.tree.map(
+                    lambda r: jnp.broadcast_to(r, (num_clients, *jnp.shape(r))).copy(), row
+                )
+        return out
+
+    def init_server(self, params: Params) -> dict[str, Any]:
+        return {h.name: h.init_server(params) for h in self.hook.hooks}
+
+    def optimizer(self, round_: jax.Array) -> optax.GradientTransformation:
+        opt = client_optimizer_at(self.client_optimizer, round_)
+        if not (is_concrete(self.weight_decay) and float(self.weight_decay) == 0.0):
+            opt = optax.chain(optax.add_decayed_weights(self.weight_decay), opt)
+        if self.box is not None:
+            opt = optax.chain(opt, box_projection(*self.box))
+        return opt
+
+    def lr(self, round_: jax.Array) -> Any:
+        return client_lr_at(self.client_optimizer, round_)
+
+    def broadcast(self, server: dict[str, Any]) -> dict[str, Any]:
+        """What the clients see of the hooks' server-side states."""
+        return {h.name: h.broadcast(server[h.name]) for h in self.hook.hooks}
+
+    def client_inputs(
+        self, server: dict[str, Any], ids: jax.Array, params: Params, key: jax.Array
+    ) -> dict:
+        return {h.name: h.client_inputs(server[h.name], ids, params, key) for h in self.hook.hooks}
+
+    def payload(self, params: Params, server: dict[str, Any]) -> tuple[float, float]:
+        up = down = 0.0
+        for h in self.hook.hooks:
+            u, d = h.payload(params, server[h.name])
+            up, down = up + u, down + d
+        return up, down
+
+    # -- one client
+    def train(
+        self,
+        params: Params,
+        data: FederatedData,
+        client: jax.Array,
+        key: jax.Array,
+        *,
+        round_: jax.Array,
+        server: dict[str, Any],
+        rows: dict[str, Any],
+        client_input: dict[str, Any],
+        num_steps: jax.Array | None,
+        optimizer: optax.GradientTransformation | None = None,
+    ) -> ClientResult:
+        """Local training of `client` from `params` (`key`: the client's key)."""
+        optimizer = self.optimizer(round_) if optimizer is None else optimizer
+        lr = self.lr(round_)
+        hooks = self.hook.hooks
+        ctxs = {
+            h.name: HookContext(
+                params, server[h.name], rows.get(h.name), client_input[h.name], round_, lr, client
+            )
+            for h in hooks
+        }  # `server` holds the hooks' broadcast values (`ClientWork.broadcast`)
+        client_data = data.client(client)
+        byzantine = None
+        if self.attack is not None:
+            byzantine = self.attack.is_byzantine(client, round_, data.num_clients)
+            client_data = self.attack.poison_data(client_data, byzantine)
+        grad_fn = None
+        if hooks:
+
+            def grad_fn(value_and_grad, p, batch, carries):
+                new = list(carries)
+                oracle = value_and_grad
+                for i, h in enumerate(hooks):
+
+                    def next_oracle(q, b, h=h, i=i, inner=oracle):
+                        loss, d, new[i] = h.direction(inner, q, b, carries[i], ctxs[h.name])
+                        return loss, d
+
+                    oracle = next_oracle
+                loss, direction = oracle(p, batch)
+                return loss, direction, tuple(new)
+
+        result = local_train(
+            params,
+            client_data,
+            key,
+            loss_fn=self.loss_fn,
+            optimizer=optimizer,
+            max_steps=self.local.max_steps(data.max_count),
+            num_steps=num_steps,
+            batch_size=self.local.batch_size,
+            sampling=self.local.sampling,
+            grad_fn=grad_fn,
+            aux=tuple(h.start(ctxs[h.name]) for h in hooks),
+        )
+        delta = tree_sub(result.params, params)
+        new_rows, summands, outputs, update = {}, {}, {}, delta
+        for h, carry in zip(hooks, result.aux or (), strict=True):
+            outcome = LocalOutcome(result.params, delta, result.steps, carry)
+            row, summand, output = h.finish(ctxs[h.name], outcome)
+            if h.init_row is not None:
+                new_rows[h.name] = row
+            summands[h.name], outputs[h.name] = summand, output
+            update = h.send(ctxs[h.name], outcome._replace(delta=update))
+        if self.attack is not None:
+            update = self.attack.poison_update(update, byzantine, key)
+        return ClientResult(
+            result.loss, result.steps, result.params, delta, update, new_rows, summands, outputs
+        )
+
+
+def box_projection(lower: float, upper: float) -> optax.GradientTransformation:
+    """P_X for X = [lower, upper]^p after each local step: turns an update u at params z into
+    `clip(z + u) - z` (chained after the client optimizer)."""
+
+    def update(updates, state, params):
+        if params is None:
+            raise ValueError("box_projection needs the params")
+        new = jax.tree.map(lambda u, z: jnp.clip(z + u, lower, upper) - z, updates, params)
+        return new, state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
