@@ -181,12 +181,12 @@ def check_abstract(
     import jax
 
     from fedjax_sim.data.federated import tree_size_bytes
-    from fedjax_sim.run.simulate import EvalSpec, _compiled_evaluator
+    from fedjax_sim.run.simulate import EvalSpec, compiled_evaluator
     from fedjax_sim.runtime.parallel import batched_runs
 
     key = jax.random.key(0)
     algorithm = make_algorithm({name: values[0] for name, values in grid.items()})
-    evaluate = _compiled_evaluator(
+    evaluate = compiled_evaluator(
         model, EvalSpec(every=cfg.eval_every), client_map, dataset.test is not None
     )
     with batched_runs():  # shapes only: no client-map measuring

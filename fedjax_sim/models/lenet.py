@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_sim.models.base import Model
-from fedjax_sim.models.nets import _from_module, _image_shape
+from fedjax_sim.models.nets import from_module, image_shape
 
 # U(-1/sqrt(fan_in), 1/sqrt(fan_in)) = variance_scaling(1/3, fan_in, uniform) for the kernel
 torch_kernel_init = nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
@@ -110,10 +110,10 @@ def lenet(
         raise ValueError(f"lenet conv must be 'im2col' or 'xla', got {conv!r}")
     if len(channels) != 2:
         raise ValueError(f"lenet has two conv layers, got channels={tuple(channels)}")
-    image = _image_shape(input_shape)
+    image = image_shape(input_shape)
     if image[0] % 4 or image[1] % 4 or min(image[:2]) < 16:
         raise ValueError(
             f"lenet needs images of at least 16x16 with sides divisible by 4, got {image}"
         )
     module = _LeNet(image, tuple(channels), dense, num_classes, conv)
-    return _from_module(module, input_shape, "lenet", l2=l2)
+    return from_module(module, input_shape, "lenet", l2=l2)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from fedjax_sim.models.base import Model
 
 
-def _from_module(module: nn.Module, input_shape: Sequence[int], name: str, **kw) -> Model:
+def from_module(module: nn.Module, input_shape: Sequence[int], name: str, **kw) -> Model:
     dummy = jnp.zeros((1, *input_shape), jnp.float32)
     return Model(
         init=lambda key: module.init(key, dummy)["params"],
@@ -87,7 +87,7 @@ class _CNN(nn.Module):
 
 def logistic_regression(input_shape: Sequence[int], num_classes: int, *, l2: float = 0.0) -> Model:
     """Multinomial logistic regression (one dense layer on flattened inputs)."""
-    return _from_module(_MLP((), num_classes), input_shape, "logistic", l2=l2)
+    return from_module(_MLP((), num_classes), input_shape, "logistic", l2=l2)
 
 
 def mlp(
@@ -98,10 +98,10 @@ def mlp(
     l2: float = 0.0,
 ) -> Model:
     """ReLU multi-layer perceptron on flattened inputs (McMahan et al.'s 2NN by default)."""
-    return _from_module(_MLP(tuple(hidden), num_classes), input_shape, "mlp", l2=l2)
+    return from_module(_MLP(tuple(hidden), num_classes), input_shape, "mlp", l2=l2)
 
 
-def _image_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
+def image_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
     if len(input_shape) == 3:
         return tuple(input_shape)
     if len(input_shape) == 2:
@@ -131,8 +131,8 @@ def cnn(
     features) are viewed as square single-channel images."""
     if conv not in ("lax", "slices"):
         raise ValueError(f"conv must be 'lax' or 'slices', got {conv!r}")
-    module = _CNN(_image_shape(input_shape), tuple(channels), dense, num_classes, kernel_size, conv)
-    return _from_module(module, input_shape, "cnn", l2=l2)
+    module = _CNN(image_shape(input_shape), tuple(channels), dense, num_classes, kernel_size, conv)
+    return from_module(module, input_shape, "cnn", l2=l2)
 
 
 def linear_regression(dim: int, *, l2: float = 0.0) -> Model:

@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from fedjax_sim.models.base import Model
-from fedjax_sim.models.nets import _from_module
+from fedjax_sim.models.nets import from_module
 
 CELLS = {"lstm": nn.OptimizedLSTMCell, "gru": nn.GRUCell}
 
@@ -56,7 +56,7 @@ def char_rnn(
         raise ValueError(f"hidden widths and embed_dim must be >= 1, got {hidden}, {embed_dim}")
     vocab = num_classes if vocab_size is None else vocab_size
     module = _CharRNN(vocab, embed_dim, tuple(hidden), cell, num_classes)
-    return _from_module(module, input_shape, f"char_{cell}", l2=l2)
+    return from_module(module, input_shape, f"char_{cell}", l2=l2)
 
 
 def char_lstm(input_shape: Sequence[int], num_classes: int, **kwargs) -> Model:

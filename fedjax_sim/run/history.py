@@ -12,13 +12,13 @@ from typing import Any
 import numpy as np
 
 
-def _jsonable(x: Any) -> Any:
+def jsonable(x: Any) -> Any:
     if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
+        return {k: jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if isinstance(x, (np.ndarray, Series)):
-        return _jsonable(x.tolist())
+        return jsonable(x.tolist())
     if isinstance(x, (np.floating, float)):
         return float(x) if math.isfinite(x) else str(float(x))
     if isinstance(x, np.integer):
@@ -147,7 +147,7 @@ class History:
         """JSON-able dict; `dtypes` names each metric column's NumPy dtype (restored by
         `from_dict`)."""
         dtypes = {k: str(v.dtype) for k, v in self.metrics.items() if isinstance(v, Series)}
-        return _jsonable(
+        return jsonable(
             {
                 "meta": self.meta,
                 "rounds": self.rounds,
@@ -179,8 +179,8 @@ class History:
             "json": os.path.join(out_dir, "history.json"),
             "csv": os.path.join(out_dir, "history.csv"),
         }
-        _atomic_write(paths["json"], json.dumps(self.to_dict(), indent=1))
-        _atomic_write(paths["csv"], self.to_csv())
+        atomic_write(paths["json"], json.dumps(self.to_dict(), indent=1))
+        atomic_write(paths["csv"], self.to_csv())
         if plot and (self.rounds or self.evals):
             paths["png"] = os.path.join(out_dir, "history.png")
             self.plot(paths["png"])
@@ -242,7 +242,7 @@ class History:
         plt.close(fig)
 
 
-def _atomic_write(path: str, text: str) -> None:
+def atomic_write(path: str, text: str) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.write(text)
@@ -302,16 +302,16 @@ class HistoryWriter:
         os.makedirs(self.out_dir, exist_ok=True)
         text = history.to_csv()
         self._header = text.splitlines()[0].split(",") if text else ["round"]
-        _atomic_write(self.csv_path, text)
+        atomic_write(self.csv_path, text)
         lines = _jsonl_lines(history, 0, 0)
-        _atomic_write(self.jsonl_path, "".join(line + "\n" for line in lines))
+        atomic_write(self.jsonl_path, "".join(line + "\n" for line in lines))
         self._rounds, self._evals = len(history.rounds), len(history.evals)
         self.started = True
 
     def finish(self, history: History, plot: bool = True) -> None:
         """Flushes the last rows and writes the summary `history.json` (and `history.png`)."""
         self.append(history)
-        _atomic_write(
+        atomic_write(
             os.path.join(self.out_dir, "history.json"), json.dumps(history.to_dict(), indent=1)
         )
         if plot and (history.rounds or history.evals):
@@ -337,7 +337,7 @@ def _jsonl_lines(history: History, first_round: int, first_eval: int) -> list[st
     ]
     rows += [(e["round"], 1, {"round": e["round"], "eval": e}) for e in history.evals[first_eval:]]
     rows.sort(key=lambda row: row[:2])
-    return [json.dumps(_jsonable(row)) for _, _, row in rows]
+    return [json.dumps(jsonable(row)) for _, _, row in rows]
 
 
 def _scalar_metrics(history: History) -> list[str]:

@@ -16,8 +16,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, Protocol, TypedDict
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +25,7 @@ import numpy as np
 
 from fedjax_sim.core.checks import config_diff
 from fedjax_sim.run.checkpoint import Checkpointer, CheckpointError, deferred_sigint
-from fedjax_sim.run.history import History, HistoryWriter, _jsonable
+from fedjax_sim.run.history import History, HistoryWriter, jsonable
 from fedjax_sim.runtime import distributed
 
 # meta entries that name what a run computes: a resume refuses a checkpoint that differs
@@ -76,22 +76,64 @@ class ChunkSource(Protocol):
         ...
 
 
-def check_run_args(
-    num_rounds: int,
-    every: int,
-    checkpoint_every: int | None,
-    resume: bool,
-    checkpoint_dir: str | None,
-) -> None:
-    """The argument checks of every driver."""
+class RunOptions(TypedDict, total=False):
+    """What every driver (`simulate`, `simulate_streamed`, `sweep`) does around its chunks,
+    passed as keyword arguments and forwarded to `run_loop` as they are.
+
+    Attributes:
+      out_dir: files of the history (`HistoryWriter`: `history.csv` / `.jsonl` appended after
+        every chunk, in constant time per evaluation; `history.json` / `.png` at the end,
+        also on errors and Ctrl-C; nothing before the first chunk completes). A sweep
+        writes its results there at the end (`SweepResult.save`).
+      checkpoint_dir / checkpoint_every: orbax checkpoints of the full state, key and
+        history every `checkpoint_every` rounds (and at the end / on Ctrl-C). A run that
+        does not resume replaces older checkpoints there at its own first save.
+      resume: continue from the latest checkpoint in `checkpoint_dir` (bit-identical; the key
+        and the run settings are checked).
+      progress: show a tqdm progress bar (default True).
+      on_resume: called with the restored round after a resume, before compiling.
+      privacy: `rounds -> epsilon` (e.g. `accounting.PrivacyAccounting(...).epsilon`),
+        evaluated on the host at every evaluation: `epsilon` in the evaluation rows and the
+        progress bar.
+    """
+
+    out_dir: str | None
+    checkpoint_dir: str | None
+    checkpoint_every: int | None
+    resume: bool
+    progress: bool
+    on_resume: Callable[[int], None] | None
+    privacy: Callable[[int], float] | None
+
+
+DEFAULT_OPTIONS: RunOptions = {
+    "out_dir": None,
+    "checkpoint_dir": None,
+    "checkpoint_every": None,
+    "resume": False,
+    "progress": True,
+    "on_resume": None,
+    "privacy": None,
+}
+
+
+def run_options(driver: str, options: Mapping[str, Any], num_rounds: int, every: int) -> RunOptions:
+    """`options` completed with the defaults, after the checks every driver makes before any
+    work: unknown names (TypeError, as Python's for a keyword argument) and impossible
+    values (ValueError)."""
+    unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
+    if unknown:
+        raise TypeError(f"{driver}() got an unexpected keyword argument {unknown[0]!r}")
+    o: RunOptions = {**DEFAULT_OPTIONS, **options}  # type: ignore[typeddict-item]
     if num_rounds < 1:
         raise ValueError(f"num_rounds must be >= 1, got {num_rounds}")
     if every < 1:
         raise ValueError(f"evaluation.every must be >= 1, got {every}")
-    if checkpoint_every is not None and checkpoint_every < 1:
-        raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
-    if (checkpoint_every or resume) and not checkpoint_dir:
+    if o["checkpoint_every"] is not None and o["checkpoint_every"] < 1:
+        raise ValueError(f"checkpoint_every must be >= 1, got {o['checkpoint_every']}")
+    if (o["checkpoint_every"] or o["resume"]) and not o["checkpoint_dir"]:
         raise ValueError("checkpoint_every/resume need a checkpoint_dir")
+    return o
 
 
 def chunk_length(num_rounds: int, every: int, checkpoint_every: int | None) -> int:
@@ -124,13 +166,7 @@ def run_loop(
     *,
     num_rounds: int,
     every: int,
-    out_dir: str | None = None,
-    checkpoint_dir: str | None = None,
-    checkpoint_every: int | None = None,
-    resume: bool = False,
-    progress: bool = True,
-    on_resume: Callable[[int], None] | None = None,
-    privacy: Callable[[int], float] | None = None,
+    options: RunOptions,
     nonfinite: Literal["raise", "mark"] = "raise",
     nonfinite_hint: str = "lower the learning rates or check the data",
 ) -> tuple[list[History], Any]:
@@ -141,16 +177,20 @@ def run_loop(
       key: the run key (a sweep: `[R]` keys), saved with every checkpoint and checked on
         resume.
       every: rounds between evaluations (also after the last round).
-      out_dir: one run only: `HistoryWriter` files, appended after every chunk.
-      checkpoint_dir / checkpoint_every / resume / on_resume: as in `simulate`; a resume
-        also refuses a checkpoint whose runs differ in `RUN_IDENTITY` meta entries.
-      privacy: `rounds -> epsilon`, added to every evaluation row.
+      options: `run_options(...)`'s complete `RunOptions` (`out_dir`: one run only); a
+        resume also refuses a checkpoint whose runs differ in `RUN_IDENTITY` meta entries.
       nonfinite: "raise" NonFiniteError at the first non-finite round (`nonfinite_hint`
         ends the message); "mark": record it in that run's `meta["nonfinite_round"]`.
 
     Raises NonFiniteError, Interrupted (Ctrl-C; after a checkpoint if possible) and
     CheckpointError (an unusable checkpoint).
     """
+    out_dir, checkpoint_dir, checkpoint_every = (
+        options["out_dir"],
+        options["checkpoint_dir"],
+        options["checkpoint_every"],
+    )
+    resume, progress, privacy = options["resume"], options["progress"], options["privacy"]
     histories = [History(meta=dict(m)) for m in metas]
     if out_dir and len(histories) != 1:
         raise ValueError("run_loop writes history files of one run; save several runs after")
@@ -165,8 +205,8 @@ def run_loop(
             )
         histories = _resumed(saved, metas, start)
         state = source.restored(tree)
-        if on_resume is not None:
-            on_resume(start)
+        if options["on_resume"] is not None:
+            options["on_resume"](start)
         if start >= num_rounds:
             return histories, state
     files = HistoryWriter(out_dir) if out_dir and writer else None
@@ -293,7 +333,7 @@ def _resumed(saved: dict[str, Any], metas: Sequence[dict[str, Any]], start: int)
 
 def _norm(value: Any) -> Any:
     """`value` as its JSON round trip gives it back (tuples as lists)."""
-    return json.loads(json.dumps(_jsonable(value)))
+    return json.loads(json.dumps(jsonable(value)))
 
 
 def owned(tree: Any) -> Any:

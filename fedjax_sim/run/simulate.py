@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +24,7 @@ from fedjax_sim.algorithms.core import Algorithm, declared_rows, tree_all_finite
 from fedjax_sim.data.federated import ArrayData, Batch, FederatedData
 from fedjax_sim.models.base import Model
 from fedjax_sim.run.history import History
-from fedjax_sim.run.loop import check_run_args, chunk_length, run_loop
+from fedjax_sim.run.loop import RunOptions, chunk_length, run_loop, run_options
 from fedjax_sim.runtime import distributed
 from fedjax_sim.runtime.parallel import ClientMap, recorded_modes
 
@@ -135,17 +135,11 @@ def simulate(
     test: ArrayData | None = None,
     params: Any = None,
     evaluation: EvalSpec = EvalSpec(),
-    out_dir: str | None = None,
-    checkpoint_dir: str | None = None,
-    checkpoint_every: int | None = None,
-    resume: bool = False,
-    progress: bool = True,
     meta: dict[str, Any] | None = None,
     client_map: ClientMap = ClientMap(),
     mesh: Mesh | None = None,
-    on_resume: Callable[[int], None] | None = None,
-    privacy: Callable[[int], float] | None = None,
     return_state: bool = False,
+    **options: Unpack[RunOptions],
 ) -> History | tuple[History, Any]:
     """Runs `num_rounds` steps of `algorithm` and returns the `History` (with `return_state`,
     `(history, final state)`, as `simulate_streamed`).
@@ -158,36 +152,26 @@ def simulate(
       num_rounds: total rounds (steps) of the run, including those before a resume.
       test: the central test set.
       evaluation: what to evaluate, and every how many rounds.
-      out_dir: if set, rows are appended to `history.csv` / `history.jsonl` after every
-        chunk (constant time per evaluation) and `history.json/.png` are written at the end
-        (also on errors and Ctrl-C); nothing is written before the first chunk completes.
-      checkpoint_dir / checkpoint_every: orbax checkpoints of the full state, key and
-        history every `checkpoint_every` rounds (and at the end / on Ctrl-C). A run that
-        does not resume replaces older checkpoints there at its own first save.
-      resume: continue from the latest checkpoint in `checkpoint_dir` (bit-identical).
-      progress: show a tqdm progress bar.
       meta: extra information stored in `History.meta` (e.g. the CLI config).
       client_map: mapping used for per-client evaluation; `ClientMap("auto")` uses the
         round's (first) mode. The modes of the round's client maps are recorded in
         `History.meta["client_map"]` (`"vmap"`, `"map:4"`; `ClientMap.recorded`): an
         explicit map of that mode reproduces a measured `auto` run bit for bit.
-      on_resume: called with the restored round after a resume, before compiling.
-      privacy: `rounds -> epsilon` (e.g. `accounting.PrivacyAccounting(...).epsilon`),
-        evaluated on the host at every evaluation: `epsilon` in the evaluation rows and
-        the progress bar.
       mesh: a device mesh with a `"clients"` axis: per-client arrays of the data and of the
         state are placed sharded by client, the rest replicated (build the algorithm with
         `ClientMap(mesh=mesh)` so cohorts are sharded too). Multi-process runs pass global
         `data` (see `fedjax_sim.runtime.distributed`); only process 0 writes outputs.
       return_state: also return the final algorithm state (e.g. to continue it, or to read
         per-client rows); a run resumed at or past `num_rounds` returns the restored one.
+      **options: `RunOptions` (`out_dir`, `checkpoint_dir`, `checkpoint_every`, `resume`,
+        `progress`, `on_resume`, `privacy`), the same in every driver.
 
     Raises:
       NonFiniteError: the global model became NaN/Inf (the message names the round).
       Interrupted: Ctrl-C (a KeyboardInterrupt), after saving a checkpoint if possible.
       CheckpointError: the checkpoint to resume from is unusable.
     """
-    check_run_args(num_rounds, evaluation.every, checkpoint_every, resume, checkpoint_dir)
+    options = run_options("simulate", options, num_rounds, evaluation.every)
     if params is None:
         params = model.init(jax.random.fold_in(key, INIT_PURPOSE))
     state = algorithm.init(params, key)
@@ -203,8 +187,10 @@ def simulate(
         if client_map == ClientMap():
             client_map = ClientMap.recorded(modes[0])
     source = _Chunks(
-        _compiled_chunk(algorithm, chunk_length(num_rounds, evaluation.every, checkpoint_every)),
-        _compiled_evaluator(model, evaluation, client_map, test is not None),
+        _compiled_chunk(
+            algorithm, chunk_length(num_rounds, evaluation.every, options["checkpoint_every"])
+        ),
+        compiled_evaluator(model, evaluation, client_map, test is not None),
         data,
         test,
         key,
@@ -216,13 +202,7 @@ def simulate(
         [meta],
         num_rounds=num_rounds,
         every=evaluation.every,
-        out_dir=out_dir,
-        checkpoint_dir=checkpoint_dir,
-        checkpoint_every=checkpoint_every,
-        resume=resume,
-        progress=progress,
-        on_resume=on_resume,
-        privacy=privacy,
+        options=options,
     )
     return (history, state) if return_state else history
 
@@ -279,7 +259,7 @@ def _compiled_chunk(algorithm: Algorithm, length: int):
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled_evaluator(model: Model, spec: EvalSpec, client_map: ClientMap, has_test: bool):
+def compiled_evaluator(model: Model, spec: EvalSpec, client_map: ClientMap, has_test: bool):
     def evaluate(params, data: FederatedData, test: ArrayData | None):
         out = {}
         if spec.central and has_test:

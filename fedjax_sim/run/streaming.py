@@ -35,7 +35,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +49,7 @@ from fedjax_sim.data.procedural import Population
 from fedjax_sim.data.store import ClientStore, CohortData, CohortRows, HostStore
 from fedjax_sim.models.base import Model
 from fedjax_sim.run.history import History
-from fedjax_sim.run.loop import check_run_args, chunk_length, run_loop, spans
+from fedjax_sim.run.loop import RunOptions, chunk_length, run_loop, run_options, spans
 from fedjax_sim.run.simulate import INIT_PURPOSE, EvalSpec, evaluate_central
 
 
@@ -361,29 +361,23 @@ def simulate_streamed(
     test: ArrayData | None = None,
     params: Any = None,
     evaluation: EvalSpec = EvalSpec(clients=False),
-    progress: bool = True,
     prefetch: int = 2,
     meta: dict[str, Any] | None = None,
     state_rows: Literal["device", "host"] = "device",
     rows_dir: str | None = None,
-    out_dir: str | None = None,
-    checkpoint_dir: str | None = None,
-    checkpoint_every: int | None = None,
-    resume: bool = False,
-    on_resume: Callable[[int], None] | None = None,
-    privacy: Callable[[int], float] | None = None,
     mesh: Mesh | None = None,
     return_state: bool = False,
+    **options: Unpack[RunOptions],
 ) -> History | tuple[History, Any]:
     """Runs `num_rounds` of `algorithm` on a population outside device memory.
 
     The loop of `simulate` (`fedjax_sim.run.loop.run_loop`: scan chunks, central evaluation,
-    progress bar, NaN guard, `out_dir` files, checkpoints and resume, Ctrl-C, `privacy`;
-    those arguments as in `simulate`), but each chunk's cohort rows `[T, M, ...]` are gathered from
-    `source` by a background thread (`prefetch` chunks ahead) and passed to the compiled
-    chunk; rounds see a `CohortData` view (exact plans) or the cohort as their population
-    (`UniformCohorts`). `History.meta["streaming"]` holds the pipeline timings
-    (`StreamStats`).
+    progress bar, NaN guard, Ctrl-C; `**options` the same `RunOptions` as `simulate`'s:
+    `out_dir` files, checkpoints and resume, `privacy`), but each chunk's cohort rows
+    `[T, M, ...]` are gathered from `source` by a background thread (`prefetch` chunks ahead)
+    and passed to the compiled chunk; rounds see a `CohortData` view (exact plans) or the
+    cohort as their population (`UniformCohorts`). `History.meta["streaming"]` holds the
+    pipeline timings (`StreamStats`).
 
     Per-client state rows (the leaves `algorithm.rows` marks: hook rows, aggregator
     memories, asynchronous read models and memories):
@@ -406,7 +400,8 @@ def simulate_streamed(
     or training-set evaluation, a plan over another population size, `prefetch < 1`, host
     rows with a non-exact plan or an algorithm that does not declare its rows.
     """
-    check_run_args(num_rounds, evaluation.every, checkpoint_every, resume, checkpoint_dir)
+    options = run_options("simulate_streamed", options, num_rounds, evaluation.every)
+    checkpoint_every = options["checkpoint_every"]
     if mesh is not None:
         raise ValueError(
             "mesh: a streamed run puts each chunk's cohort rows on one device (not sharded "
@@ -472,13 +467,7 @@ def simulate_streamed(
             [dict(meta or {})],
             num_rounds=num_rounds,
             every=evaluation.every,
-            out_dir=out_dir,
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every,
-            resume=resume,
-            progress=progress,
-            on_resume=on_resume,
-            privacy=privacy,
+            options=options,
             nonfinite_hint="lower the learning rates, check the data, or check that the cohort "
             "plan covers every id the algorithm reads (missing clients read NaN features)",
         )

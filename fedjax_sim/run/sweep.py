@@ -39,7 +39,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -51,9 +51,9 @@ from jax.sharding import PartitionSpec as P
 from fedjax_sim.algorithms.core import Algorithm, float_dtype, tree_all_finite
 from fedjax_sim.data.federated import ArrayData, FederatedData, tree_size_bytes
 from fedjax_sim.models.base import Model
-from fedjax_sim.run.history import History, _atomic_write, _jsonable
-from fedjax_sim.run.loop import check_run_args, chunk_length, run_loop
-from fedjax_sim.run.simulate import INIT_PURPOSE, EvalSpec, _compiled_evaluator
+from fedjax_sim.run.history import History, atomic_write, jsonable
+from fedjax_sim.run.loop import RunOptions, chunk_length, run_loop, run_options
+from fedjax_sim.run.simulate import INIT_PURPOSE, EvalSpec, compiled_evaluator
 from fedjax_sim.runtime.memory import default_budget_bytes
 from fedjax_sim.runtime.parallel import ClientMap, batched_runs, client_mesh, fit_client_map
 
@@ -251,7 +251,7 @@ def _compiled_sweep_evaluator(
     group: int,
     mesh: Mesh | None,
 ):
-    evaluate = _compiled_evaluator(model, spec, client_map, has_test)
+    evaluate = compiled_evaluator(model, spec, client_map, has_test)
 
     def run(params, data, test):
         return map_runs(lambda p: evaluate(p, data, test), (params,), group)
@@ -399,7 +399,7 @@ class SweepResult:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return _jsonable(
+        return jsonable(
             {
                 "meta": self.meta,
                 "runs": [
@@ -451,8 +451,8 @@ class SweepResult:
                 ("best", "best.json"),
             ]
         }
-        _atomic_write(p["json"], json.dumps(self.to_dict()))
-        _atomic_write(p["csv"], self.runs_csv())
+        atomic_write(p["json"], json.dumps(self.to_dict()))
+        atomic_write(p["csv"], self.runs_csv())
         has_metric = any(metric in e for e in (self.histories[0].evals if self.histories else []))
         if has_metric or (self.histories and metric in self.histories[0].metrics):
             rows = self.summary(metric, round_)
@@ -465,9 +465,9 @@ class SweepResult:
                     for row in rows
                 )
             )
-            _atomic_write(p["summary"], text)
-            _atomic_write(p["md"], self.table(metric, round_))
-            _atomic_write(p["best"], json.dumps(_jsonable(self.best(metric, round_)), indent=1))
+            atomic_write(p["summary"], text)
+            atomic_write(p["md"], self.table(metric, round_))
+            atomic_write(p["best"], json.dumps(jsonable(self.best(metric, round_)), indent=1))
             if plot and has_metric:
                 p["png"] = os.path.join(out_dir, "sweep.png")
                 self.plot(p["png"], metric)
@@ -504,13 +504,8 @@ def sweep(
     runs_per_group: int | None = None,
     memory_budget_bytes: int | None = None,
     mesh: Mesh | None = None,
-    out_dir: str | None = None,
-    checkpoint_dir: str | None = None,
-    checkpoint_every: int | None = None,
-    resume: bool = False,
-    progress: bool = True,
     meta: dict[str, Any] | None = None,
-    privacy: Callable[[int], float] | None = None,
+    **options: Unpack[RunOptions],
 ) -> SweepResult:
     """Runs R = |grid points| x |seeds| runs as one compiled program; see the module doc.
 
@@ -527,19 +522,17 @@ def sweep(
         `parallel.fit_client_map` (per device with a `mesh`).
       mesh: shard the runs over this mesh's devices (`runs_mesh`; axis "runs"); None: one
         device.
-      out_dir: results (`SweepResult.save`) are written there at the end.
-      checkpoint_dir / checkpoint_every / resume: orbax checkpoints of all runs' states and
-        histories, as in `simulate` (`fedjax_sim.run.loop.run_loop`; resuming is bit-identical
-        and refuses a checkpoint of other seeds or grid points).
-      progress: a tqdm bar over rounds x runs.
-      privacy: `rounds -> epsilon` (e.g. `accounting.PrivacyAccounting(...).epsilon`), as in
-        `simulate`: `epsilon` in every run's evaluation rows (the runs of a sweep share the
-        privacy parameters: only the seeds and numeric grid values differ).
+      **options: `RunOptions`, as in `simulate`: `out_dir` receives the results
+        (`SweepResult.save`) at the end; checkpoints hold all runs' states and histories
+        (resuming is bit-identical and refuses a checkpoint of other seeds or grid points);
+        the progress bar counts rounds x runs; `privacy` adds `epsilon` to every run's
+        evaluation rows (the runs of a sweep share the privacy parameters: only the seeds
+        and numeric grid values differ).
 
     Returns the `SweepResult` (histories per run; a run whose model became NaN/Inf keeps
     running and has `meta["nonfinite_round"]` set, the other runs are unaffected).
     """
-    check_run_args(num_rounds, evaluation.every, checkpoint_every, resume, checkpoint_dir)
+    options = run_options("sweep", options, num_rounds, evaluation.every)
     if runs_per_group is not None and runs_per_group < 1:
         raise ValueError(f"runs_per_group must be >= 1, got {runs_per_group}")
     runs = expand_grid(seeds, dict(grid or {}))
@@ -578,7 +571,7 @@ def sweep(
         {**(meta or {}), "seed": r.seed, "hparams": r.hparams, "label": r.label, "run": r.index}
         for r in runs
     ]
-    chunk = chunk_length(num_rounds, evaluation.every, checkpoint_every)
+    chunk = chunk_length(num_rounds, evaluation.every, options["checkpoint_every"])
     source = _SweepChunks(
         _compiled_sweep_chunk(make_algorithm, chunk, group, mesh),
         _compiled_sweep_evaluator(model, evaluation, client_map, test is not None, group, mesh),
@@ -596,11 +589,7 @@ def sweep(
         metas,
         num_rounds=num_rounds,
         every=evaluation.every,
-        checkpoint_dir=checkpoint_dir,
-        checkpoint_every=checkpoint_every,
-        resume=resume,
-        progress=progress,
-        privacy=privacy,
+        options={**options, "out_dir": None},  # saved below, all runs at once
         nonfinite="mark",
     )
     seconds = time.perf_counter() - t0
@@ -617,8 +606,8 @@ def sweep(
         },
         source.saved(states),
     )
-    if out_dir:
-        result.save(out_dir)
+    if options["out_dir"]:
+        result.save(options["out_dir"])
     return result
 
 
