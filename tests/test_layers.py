@@ -64,3 +64,24 @@ def test_figures_flag_a_cycle_and_an_upward_import():
     edges = {"p.a.x": {"p.b.y"}, "p.b.y": {"p.a.x"}, "p.c": set()}
     assert g.cycles(edges) == [["p.a.x", "p.b.y"]]
     assert g.unit_graph(edges) == {"p.a": {"p.b"}, "p.b": {"p.a"}, "p.c": set()}
+
+
+# `fedjax_sim.__all__` at 1ba5437, the last commit of the flat layout: every name still works
+PUBLIC_BEFORE_LAYERS = (
+    "Aggregator Algorithm ArrayData Batch ClientMap ClientWork CohortSpec Distributor EvalSpec "
+    "FederatedData History LocalHook LocalSpec Model NonFiniteError Stragglers algorithms area "
+    "as_fedavg chain clipped compose compressed data dr_dsgd drfa ef_fedavg ef_fedprox "
+    "error_feedback fedadagrad fedadam fedadam_reddi fedasync fedavg fedavgm fedbuff fedcm "
+    "feddyn fedlps fedmim fednova fedopt fedprox fedsam fedsgd fedyogi fgdro_cvar fgdro_kl "
+    "fgdro_kl_adam forced_cohorts fp_fedavg fp_fedprox local_adam local_train mean mifa models "
+    "mofedsam s_fedavg scaffold simulate simulate_streamed"
+).split()
+
+
+def test_public_names_of_the_flat_layout_still_exported():
+    import fedjax_sim
+
+    missing = [n for n in PUBLIC_BEFORE_LAYERS if not hasattr(fedjax_sim, n)]
+    assert missing == []
+    assert set(PUBLIC_BEFORE_LAYERS) <= set(fedjax_sim.__all__)
+    assert callable(fedjax_sim.simulate) and callable(fedjax_sim.simulate_streamed)
