@@ -25,6 +25,7 @@ import datetime
 import json
 import math
 import os
+import pathlib
 import shlex
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from collections.abc import Iterable
 from typing import Any
 
 UNKNOWN = "unknown (recorded before the schema)"
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = str(pathlib.Path(__file__).resolve().parents[3])  # fedjax_sim/app/bench/results.py
 RESULTS = os.path.join(REPO, "benchmarks", "results")
 
 NUM = (int, float)
