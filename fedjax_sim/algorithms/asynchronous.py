@@ -20,11 +20,11 @@ at the read, without an `[C, ...]` array of pending models and without the data 
 first delivery is its read model itself, AREA's x_i = y_i = x_s0).
 
 An iteration (`step`): the engine draws the firing clients into `B` slots `ids [B]` (padding
-id C) → their rows are gathered (`events.take_rows`) → each trains from r_i through
+id C) → their rows are gathered (`core.rows.gather_rows`) → each trains from r_i through
 `ClientWork.train` (round = its read iteration; `box` and `client_scale` are the client
 work's) → the server rule turns the deliveries into x_s (and its own state) → the firing
 clients read x_s (before this iteration's aggregation, or after it with
-`read_after_aggregate`; `events.set_rows`) → the engine advances once. Cost follows the
+`read_after_aggregate`; `core.rows.scatter_rows`) → the engine advances once. Cost follows the
 firing clients, not C.
 """
 
@@ -62,14 +62,13 @@ from fedjax_sim.algorithms.events import (
     Arrivals,
     Events,
     EventState,
-    set_rows,
-    take_rows,
 )
 from fedjax_sim.algorithms.hooks import scaled
 from fedjax_sim.algorithms.local_hook import LocalHook, chain
 from fedjax_sim.algorithms.optimizers import ClientOptimizer
 from fedjax_sim.algorithms.schedules import client_sgd
 from fedjax_sim.core.checks import check_number, non_negative, positive
+from fedjax_sim.core.rows import gather_rows, scatter_rows
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.runtime.parallel import ClientMap
 
@@ -346,23 +345,23 @@ def compose_async(
         check_clients(events, data.num_clients)
         tick = events.draw(state.events, round_key(key, state.events.k, COHORT))
         ids, act = tick.ids, tick.active
-        start = take_rows(state.read, ids)
-        k_read = take_rows(state.events.read_iteration, ids)
+        start = gather_rows(state.read, ids)
+        k_read = gather_rows(state.events.read_iteration, ids)
         results, losses = train_slots(work, data, ids, start, k_read, key, client_map)
         computed = state.computed
         if paper:
-            done = take_rows(computed, ids)
+            done = gather_rows(computed, ids)
             results = jax.tree.map(
                 lambda x, r: jnp.where(done.reshape((-1,) + (1,) * (x.ndim - 1)), x, r),
                 results,
                 start,
             )
-            computed = set_rows(computed, ids, act, jnp.ones(ids.shape, bool))
+            computed = scatter_rows(computed, ids, act, jnp.ones(ids.shape, bool))
         buffered = state.events.count + jnp.sum(act)
         deliveries = Deliveries(ids, act, start, results, tick.tau, tick.aggregate, buffered, c)
         params, rule_state = rule.apply(state.rule, state.params, deliveries)
         reply = params if read_after_aggregate else state.params
-        read = set_rows(state.read, ids, act, broadcast(reply, ids.shape[0]))
+        read = scatter_rows(state.read, ids, act, broadcast(reply, ids.shape[0]))
         new_events = events.advance(state.events, tick, read_after_aggregate=read_after_aggregate)
         fired = jnp.sum(act)
         metrics = {

@@ -69,7 +69,7 @@ from fedjax_sim.algorithms.core import (
 from fedjax_sim.algorithms.distributors import Distributor, DistributorSummary, as_distributor
 from fedjax_sim.algorithms.local_hook import LocalHook, RoundSummary, chain
 from fedjax_sim.algorithms.optimizers import ClientOptimizer, ServerOptimizer, server_optimizer_from
-from fedjax_sim.algorithms.rows import check_rows, gather_rows, scatter_rows, streamed_rows
+from fedjax_sim.core.rows import check_rows, gather_rows, scatter_rows, streamed_rows
 from fedjax_sim.data.federated import FederatedData, tree_size_bytes
 from fedjax_sim.runtime.parallel import ClientMap
 

@@ -28,7 +28,7 @@ import numpy as np
 import optax
 from jax import lax
 
-from fedjax_sim.algorithms.events import bernoulli_cohort, sample_cohort
+from fedjax_sim.algorithms import cohorts
 from fedjax_sim.data.federated import Batch, ClientData, FederatedData, tree_size_bytes
 from fedjax_sim.runtime.parallel import ClientMap, to_varying
 
@@ -204,13 +204,14 @@ class CohortSpec:
     def sample(self, key: PRNGKey, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
         """`(client ids [M], aggregation weights [M])`; empty clients get weight 0."""
         self.check(counts.shape[0])
-        if self.sampling == "bernoulli":
-            idx, selected = bernoulli_cohort(key, counts.shape[0], self.probability, self.size)
-        else:
-            idx = sample_cohort(
-                key, counts.shape[0], self.size, sampling=self.sampling, counts=counts
-            )
-            selected = None
+        idx, selected = cohorts.sample(
+            key,
+            counts.shape[0],
+            self.size,
+            self.sampling,
+            counts=counts,
+            probability=self.probability,
+        )
         n = counts[idx].astype(float_dtype())
         if self.client_weights is not None:
             fixed = jnp.asarray(self.client_weights, float_dtype())[idx]

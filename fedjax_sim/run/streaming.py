@@ -12,8 +12,8 @@ O(cohort x chunk + model + 8 bytes per client for the algorithm's own cohort dra
 per-client state rows `[C, ...]` (SCAFFOLD's control variates, FedDyn's h_i, error-feedback
 memories, MIFA's and AREA's read models and memories), unless `state_rows="host"`: then they
 live in a host `HostStore` (RAM or memory-mapped files) and each chunk gets only the rows of
-the clients it touches, as `data.store.CohortRows` tables that the algorithm layer's row
-functions address by real client id (see `simulate_streamed`).
+the clients it touches, as `core.rows.Rows` tables that the row functions
+(`core.rows.gather_rows` / `scatter_rows`) address by real client id (see `simulate_streamed`).
 
 Plans:
 - `AlgorithmCohorts(cohort, counts)`: the ids `CohortSpec.sample` draws in the FedAvg-type
@@ -44,9 +44,10 @@ from jax import lax
 from jax.sharding import Mesh
 
 from fedjax_sim.algorithms.core import COHORT, Algorithm, CohortSpec, round_key, tree_all_finite
+from fedjax_sim.core.rows import Rows
 from fedjax_sim.data.federated import ArrayData, FederatedData
 from fedjax_sim.data.procedural import Population
-from fedjax_sim.data.store import ClientStore, CohortData, CohortRows, HostStore
+from fedjax_sim.data.store import ClientStore, CohortData, HostStore
 from fedjax_sim.models.base import Model
 from fedjax_sim.run.history import History
 from fedjax_sim.run.loop import check_run_args, chunk_length, run_loop, spans
@@ -270,7 +271,7 @@ class _RowStore:
         return slots.astype(np.int32), [rows[n] for n in self.names]
 
     def enter(self, state: Any, slots: jax.Array, table: list) -> Any:
-        """`state` with its row leaves the chunk's `CohortRows [U, ...]` (patched)."""
+        """`state` with its row leaves the chunk's `Rows` tables `[U, ...]` (patched)."""
         if self.prev is not None:
             table = _patch(table, slots, self.prev[1], self.prev[0])
         # one slot-id array per row leaf: the chunk donates its state, and a donated
@@ -278,7 +279,7 @@ class _RowStore:
         return self._with_rows(
             state,
             [
-                CohortRows(t, jnp.copy(slots) if i else slots, self.num_clients)
+                Rows(t, jnp.copy(slots) if i else slots, self.num_clients)
                 for i, t in enumerate(table)
             ],
         )
@@ -287,7 +288,7 @@ class _RowStore:
         """Keeps the chunk's new rows (to patch the next chunk) and queues their write-back."""
         leaves = self.treedef.flatten_up_to(state)
         rows = [a for a, m in zip(leaves, self.mask, strict=True) if m]
-        self.prev = self.pending = (rows[0].slot_ids, [r.rows for r in rows])
+        self.prev = self.pending = (rows[0].slot_ids, [r.value for r in rows])
 
     def write_back(self) -> int:
         """Writes the queued rows to the host store; returns the bytes."""
@@ -392,7 +393,7 @@ def simulate_streamed(
       `rows_dir` if given; `algorithm.init` builds them once in host RAM). The background
       thread gathers the rows of the union of each chunk's cohorts (padded with other
       clients to `U = min(C, T x M)` rows, one compiled shape) and the chunk runs on a
-      state whose row leaves are `CohortRows [U, ...]` (read and written by real client id;
+      state whose row leaves are `Rows` tables `[U, ...]` (read and written by real client id;
       keys and data use the real ids). A chunk's rows are gathered once the rows of the
       chunk before the previous one are back on the host; the rows the previous chunk
       changed are taken from its device table (`_patch`), and its write-back runs while the
