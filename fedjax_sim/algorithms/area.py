@@ -50,14 +50,14 @@ from fedjax_sim.algorithms.asynchronous import (
     masked_sum,
 )
 from fedjax_sim.algorithms.core import Algorithm, LossFn, Params
-from fedjax_sim.core.rows import gather_rows, scatter_rows
+from fedjax_sim.core.rows import Rows, gather_rows, scatter_rows
 
 
 class Residual(NamedTuple):
     """AREA's server state: u_s and the clients' last delivered models y_i `[C, ...]`."""
 
     residual: Params
-    memory: Params
+    memory: Rows
 
 
 def exact_averaging(weights: np.ndarray) -> ServerRule:
@@ -74,7 +74,7 @@ def exact_averaging(weights: np.ndarray) -> ServerRule:
         return x, Residual(residual, memory)
 
     def init(params, c):
-        return Residual(jax.tree.map(jnp.zeros_like, params), broadcast(params, c))
+        return Residual(jax.tree.map(jnp.zeros_like, params), Rows(broadcast(params, c)))
 
     return ServerRule(init, apply)
 

@@ -54,7 +54,6 @@ from fedjax_sim.algorithms.core import (
     client_key,
     payload_metrics,
     round_key,
-    row_mask,
     server_update,
 )
 from fedjax_sim.algorithms.events import (
@@ -68,7 +67,7 @@ from fedjax_sim.algorithms.local_hook import LocalHook, chain
 from fedjax_sim.algorithms.optimizers import ClientOptimizer
 from fedjax_sim.algorithms.schedules import client_sgd
 from fedjax_sim.core.checks import check_number, non_negative, positive
-from fedjax_sim.core.rows import gather_rows, scatter_rows
+from fedjax_sim.core.rows import Rows, gather_rows, scatter_rows
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.runtime.parallel import ClientMap
 
@@ -224,7 +223,8 @@ class ServerRule(NamedTuple):
     """What the server does with the deliveries (the asynchronous aggregator).
 
     Attributes:
-      init: `(x_s0, C) -> state` of the rule (memories, buffers; per-client rows `[C, ...]`).
+      init: `(x_s0, C) -> state` of the rule (memories, buffers; per-client memories
+        `[C, ...]` declared as `core.rows.Rows`).
       apply: `(state, x_s, deliveries) -> (new x_s, new state)`.
       check: `events -> None`, raises if the rule needs another event model.
     """
@@ -240,18 +240,19 @@ class AsyncState:
 
     Attributes:
       params: x_s, the server model.
-      read: `[C, ...]` r_i, the server model each client last read (its work is LU_i(r_i)).
+      read: `Rows [C, ...]` r_i, the server model each client last read (its work is
+        LU_i(r_i)).
       rule: the server rule's state.
       events: the event engine's bookkeeping (iteration, time, versions, reads).
-      computed: `[C]` bool (`init_mode="paper"`, else None): False while client i's pending
-        model is r_i itself.
+      computed: `Rows [C]` bool (`init_mode="paper"`, else None): False while client i's
+        pending model is r_i itself.
     """
 
     params: Params
-    read: Params
+    read: Rows
     rule: Any
     events: EventState
-    computed: jax.Array | None = None
+    computed: Rows | None = None
 
     @property
     def round(self) -> jax.Array:
@@ -335,10 +336,10 @@ def compose_async(
         params = project(params, work.box)
         return AsyncState(
             params=params,
-            read=broadcast(params, c),
+            read=Rows(broadcast(params, c)),
             rule=rule.init(params, c),
             events=events.init(key),
-            computed=jnp.zeros((c,), bool) if paper else None,
+            computed=Rows(jnp.zeros((c,), bool)) if paper else None,
         )
 
     def step(state: AsyncState, data: FederatedData, key: jax.Array):
@@ -371,23 +372,7 @@ def compose_async(
         }
         return AsyncState(params, read, rule_state, new_events, computed), metrics
 
-    def rows(state: AsyncState) -> AsyncState:
-        # the rule's per-client leaves: those whose leading axis follows C
-        def rule_shapes(n):
-            return jax.eval_shape(lambda p: rule.init(p, n), state.params)
-
-        per_client = jax.tree.map(
-            lambda a, b: a.shape != b.shape, rule_shapes(c), rule_shapes(c + 1)
-        )
-        return AsyncState(
-            params=row_mask(state.params, False),
-            read=row_mask(state.read, True),
-            rule=per_client,
-            events=row_mask(state.events, False),
-            computed=row_mask(state.computed, True),
-        )
-
-    return Algorithm(init, step, rows)
+    return Algorithm(init, step)
 
 
 # ------------------------------------------------------------------------------ rules

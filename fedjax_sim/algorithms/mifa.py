@@ -34,13 +34,13 @@ from fedjax_sim.algorithms.asynchronous import (
     server_step,
 )
 from fedjax_sim.algorithms.core import Algorithm, LossFn, Params
-from fedjax_sim.core.rows import gather_rows, scatter_rows
+from fedjax_sim.core.rows import Rows, gather_rows, scatter_rows
 
 
 class Memory(NamedTuple):
     """MIFA's server state: G_i `[C, ...]`, their sum and the server optimizer's state."""
 
-    memory: Params
+    memory: Rows
     memory_sum: Params
     opt_state: Any = None
 
@@ -63,7 +63,7 @@ def memory(server: Any) -> ServerRule:
 
     def init(params, c):
         zeros = jax.tree.map(jnp.zeros_like, params)
-        return Memory(broadcast(zeros, c), zeros, step.init(params))
+        return Memory(Rows(broadcast(zeros, c)), zeros, step.init(params))
 
     return ServerRule(init, apply)
 
