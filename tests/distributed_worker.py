@@ -25,7 +25,7 @@ import optax  # noqa: E402
 
 from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg, fedprox  # noqa: E402
 from fedjax_sim.algorithms.area import area  # noqa: E402
-from fedjax_sim.algorithms.core import declared_rows, local_train, minibatch  # noqa: E402
+from fedjax_sim.algorithms.core import local_train, minibatch  # noqa: E402
 from fedjax_sim.algorithms.fedbuff import fedbuff  # noqa: E402
 from fedjax_sim.algorithms.scaffold import scaffold  # noqa: E402
 from fedjax_sim.data import least_squares  # noqa: E402
@@ -56,7 +56,7 @@ def run(alg, data, rounds=ROUNDS, mesh=None):
     key = jax.random.key(0)
     state = alg.init({"w": jnp.ones(3)}, key)
     if mesh is not None:
-        state, data = distributed.place_run(state, data, mesh, rows=declared_rows(alg, state))
+        state, data = distributed.place_run(state, data, mesh)
     step = jax.jit(alg.step)
     for r in range(rounds):
         state, _ = step(state, data, jax.random.fold_in(key, r))
@@ -239,9 +239,7 @@ def placement(out):
         alg = make(cmap)
         state, run_data = alg.init({"w": jnp.ones(16)}, key), data
         if label == "sharded":
-            state, run_data = distributed.place_run(
-                state, data, mesh, rows=declared_rows(alg, state)
-            )
+            state, run_data = distributed.place_run(state, data, mesh)
             leaves = {
                 "params": state.params["w"],
                 "control_variates": state.rows["control_variates"]["w"],
@@ -262,7 +260,7 @@ def process(pid, nproc, port, out):
     mesh = client_mesh()  # every device of every process
     full = problem().data
     data = distributed.globalize(
-        distributed.local_rows(full, mesh, 16, rows=True), mesh, 16, rows=True
+        distributed.local_rows(full, mesh, 16, all_rows=True), mesh, 16, all_rows=True
     )
     model = linear_regression(3)
     alg = algorithms(ClientMap("vmap", mesh=mesh), CohortSpec(size=10))["fedprox"]
@@ -278,7 +276,7 @@ def process(pid, nproc, port, out):
         mesh=mesh,
     )
     state = alg.init({"w": jnp.ones(3)}, jax.random.key(0))
-    state = distributed.place(state, mesh, 16, rows=alg.rows(state))
+    state = distributed.place(state, mesh, 16)
     step = jax.jit(alg.step)
     for _ in range(ROUNDS):
         state, _ = step(state, data, jax.random.key(0))

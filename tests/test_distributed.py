@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedprox
+from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedprox, scaffold
+from fedjax_sim.core.rows import Rows
 from fedjax_sim.data import least_squares
 from fedjax_sim.models import linear_regression
 from fedjax_sim.runtime import distributed
@@ -94,8 +95,8 @@ def test_sweep_with_runs_sharded_equals_one_device(sharded_results):
 
 def test_placement_shards_declared_rows_only(tmp_path):
     """2 devices, 16 clients: the model parameter `w` `[16]` (first dimension C by chance) is
-    replicated; SCAFFOLD's control variates `[C, 16]` (declared by `Algorithm.rows`) and the
-    data rows are sharded over the clients axis; the run equals the one-device run."""
+    replicated; SCAFFOLD's control variates `[C, 16]` (declared as `Rows`) and the data rows
+    are sharded over the clients axis; the run equals the one-device run."""
     out = str(tmp_path / "placement.npz")
     proc = subprocess.run(
         [sys.executable, WORKER, "placement", out],
@@ -118,12 +119,36 @@ def test_placement_shards_declared_rows_only(tmp_path):
 def test_declared_rows_must_be_per_client():
     """A leaf declared per-client must have C rows; undeclared leaves are never sharded."""
     mesh = client_mesh(1)
-    placed = distributed.place({"w": jnp.ones((4, 3))}, mesh, 4, rows=False)
+    placed = distributed.place({"w": jnp.ones((4, 3))}, mesh, 4)
     assert placed["w"].sharding.spec == P()
-    placed = distributed.place({"w": jnp.ones((4, 3))}, mesh, 4, rows={"w": True})
+    placed = distributed.place({"w": Rows(jnp.ones((4, 3)))}, mesh, 4)
+    assert placed["w"].value.sharding.spec == P("clients")
+    placed = distributed.place({"w": jnp.ones((4, 3))}, mesh, 4, all_rows=True)
     assert placed["w"].sharding.spec == P("clients")
     with pytest.raises(ValueError, match=r"declared per-client has shape \(3,\), not \[4"):
-        distributed.place({"w": jnp.ones(3)}, mesh, 4, rows=True)
+        distributed.place({"w": Rows(jnp.ones(3))}, mesh, 4)
+    with pytest.raises(ValueError, match=r"declared per-client has shape \(3,\), not \[4"):
+        distributed.place({"w": jnp.ones(3)}, mesh, 4, all_rows=True)
+
+
+def test_parameter_with_c_rows_is_replicated_rows_are_sharded():
+    """Placement by type, not by shape (one device, in process): SCAFFOLD with C = 4 and a
+    model `w [4, 3]` whose first dimension equals C by chance. `w`, the server control
+    variate (also `[4, 3]`) and the server step are replicated; only the clients' control
+    variates `Rows [C, 4, 3]` and the data's rows are sharded over the clients axis."""
+    c = 4
+    data = least_squares(num_clients=c, examples_per_client=np.full(c, 5), dim=3, seed=0)
+    alg = scaffold(lambda p, b: jnp.float32(0.0), num_clients=c, cohort=CohortSpec(size=2))
+    state = alg.init({"w": jnp.ones((c, 3))}, jax.random.key(0))
+    state, placed_data = distributed.place_run(state, data.data, client_mesh(1))
+    replicated, by_client = P(), P("clients")
+    assert state.params["w"].shape == (c, 3) and state.params["w"].sharding.spec == replicated
+    assert state.hooks["control_variates"]["w"].sharding.spec == replicated
+    assert state.round.sharding.spec == replicated
+    rows = state.rows["control_variates"]
+    assert isinstance(rows, Rows) and rows["w"].shape == (c, c, 3)
+    assert rows["w"].sharding.spec == by_client
+    assert placed_data.x.sharding.spec == by_client
 
 
 def _free_port():

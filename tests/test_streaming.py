@@ -236,16 +236,16 @@ def test_host_store_gather_scatter_and_errors(tmp_path):
 def test_cohort_rows_round_trip_through_a_host_store():
     """State rows streamed: gather the cohort's rows, update some on device by real id,
     scatter back; equals the same update of the full [C, d] array."""
-    from fedjax_sim.data.store import CohortRows
+    from fedjax_sim.core.rows import Rows, gather_rows, scatter_rows
 
     full = np.arange(20 * 3, dtype=np.float32).reshape(20, 3)
     store = HostStore({"h": full.copy()})
     cohort = np.array([2, 5, 11, 17])
-    rows = CohortRows({"h": jnp.asarray(store.gather(cohort)["h"])}, jnp.asarray(cohort))
+    rows = Rows({"h": jnp.asarray(store.gather(cohort)["h"])}, jnp.asarray(cohort))
     ids, mask = jnp.array([11, 2, 17]), jnp.array([True, True, False])
-    np.testing.assert_array_equal(np.asarray(rows.gather(ids)["h"]), full[[11, 2, 17]])
-    new = jax.jit(lambda r: r.scatter(ids, mask, {"h": -r.gather(ids)["h"]}))(rows)
-    store.scatter(cohort, {"h": np.asarray(new.rows["h"])})
+    np.testing.assert_array_equal(np.asarray(gather_rows(rows, ids)["h"]), full[[11, 2, 17]])
+    new = jax.jit(lambda r: scatter_rows(r, ids, mask, {"h": -gather_rows(r, ids)["h"]}))(rows)
+    store.scatter(cohort, {"h": np.asarray(new.value["h"])})
     expect = full.copy()
     expect[[11, 2]] *= -1
     np.testing.assert_array_equal(store.arrays["h"], expect)

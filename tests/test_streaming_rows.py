@@ -24,8 +24,9 @@ from fedjax_sim.algorithms import (
 from fedjax_sim.algorithms.aggregators import error_feedback
 from fedjax_sim.algorithms.compression import TopK
 from fedjax_sim.algorithms.events import Aggregation, Arrivals, Events
+from fedjax_sim.core.rows import Rows, gather_rows, is_rows, scatter_rows
 from fedjax_sim.data import load_digits
-from fedjax_sim.data.store import ClientStore, CohortRows, is_rows
+from fedjax_sim.data.store import ClientStore
 from fedjax_sim.models import logistic_regression
 from fedjax_sim.run import streaming
 from fedjax_sim.run.streaming import (
@@ -170,13 +171,14 @@ def test_host_rows_on_disk_and_argument_errors(digits, model, tmp_path):
 
 
 def test_cohort_rows_scatter_drops_masked_and_padding_slots():
-    """Padding id C reads row C - 1 (as `events.take_rows` on `[C, ...]`); a masked slot that
+    """Padding id C reads row C - 1 (as `gather_rows` on `[C, ...]`); a masked slot that
     shares a row with an active one writes nothing."""
-    rows = CohortRows(jax.numpy.arange(4.0), jax.numpy.array([1, 3, 5, 9]), num_clients=10)
+    rows = Rows(jax.numpy.arange(4.0), jax.numpy.array([1, 3, 5, 9]), num_clients=10)
     ids = jax.numpy.array([9, 10, 3])  # 10 = C: padding, clamped to client 9
-    np.testing.assert_array_equal(np.asarray(rows.gather(ids)), [3.0, 3.0, 1.0])
-    new = rows.scatter(ids, jax.numpy.array([True, False, True]), jax.numpy.array([7.0, 8.0, 6.0]))
-    np.testing.assert_array_equal(np.asarray(new.rows), [0.0, 6.0, 2.0, 7.0])
+    np.testing.assert_array_equal(np.asarray(gather_rows(rows, ids)), [3.0, 3.0, 1.0])
+    active, values = jax.numpy.array([True, False, True]), jax.numpy.array([7.0, 8.0, 6.0])
+    new = scatter_rows(rows, ids, active, values)
+    np.testing.assert_array_equal(np.asarray(new.value), [0.0, 6.0, 2.0, 7.0])
 
 
 def test_planner_streams_state_rows_when_only_the_cohort_fits():

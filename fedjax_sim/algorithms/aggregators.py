@@ -18,6 +18,7 @@ from fedjax_sim.algorithms.core import (
     tree_norm,
 )
 from fedjax_sim.core.checks import positive
+from fedjax_sim.core.rows import Rows
 from fedjax_sim.data.federated import tree_size_bytes
 
 
@@ -26,7 +27,8 @@ class Aggregator(NamedTuple):
     wrapping an `inner` aggregator, plus per-client memory).
 
     Attributes:
-      init: `(params, num_clients) -> (server state, {name: per-client rows [C, ...]})`.
+      init: `(params, num_clients) -> (server state, {name: Rows [C, ...]})` (per-client
+        memories declared as `core.rows.Rows`).
       encode: `(update, rows, key, server) -> (sent, new rows)`: one client's transform
         before sending (compression, clipping, noise...), inside the client map; `rows` is
         the client's row of each named memory.
@@ -47,7 +49,7 @@ class Aggregator(NamedTuple):
 
 @struct.dataclass
 class AggregatorState:
-    """The aggregator's server state and its named per-client memories `{name: [C, ...]}`."""
+    """The aggregator's server state and its named per-client memories `{name: Rows}`."""
 
     server: Any
     rows: dict[str, Any]
@@ -89,9 +91,11 @@ def wrap(
                 raise ValueError(f"two aggregator memories are named {name!r}")
             rows = {
                 **rows,
-                name: jax.tree.map(
-                    lambda r: jnp.zeros((num_clients, *jnp.shape(r)), jnp.result_type(r)),
-                    init_row(params),
+                name: Rows(
+                    jax.tree.map(
+                        lambda r: jnp.zeros((num_clients, *jnp.shape(r)), jnp.result_type(r)),
+                        init_row(params),
+                    )
                 ),
             }
         return server, rows

@@ -50,14 +50,14 @@ from fedjax_sim.algorithms.asynchronous import (
     masked_sum,
 )
 from fedjax_sim.algorithms.core import Algorithm, LossFn, Params
-from fedjax_sim.algorithms.events import set_rows, take_rows
+from fedjax_sim.core.rows import Rows, gather_rows, scatter_rows
 
 
 class Residual(NamedTuple):
     """AREA's server state: u_s and the clients' last delivered models y_i `[C, ...]`."""
 
     residual: Params
-    memory: Params
+    memory: Rows
 
 
 def exact_averaging(weights: np.ndarray) -> ServerRule:
@@ -65,16 +65,16 @@ def exact_averaging(weights: np.ndarray) -> ServerRule:
     `y_i <- x_i` for the delivering clients; at an aggregation `x_s <- x_s + u_s`, `u_s <- 0`."""
 
     def apply(state: Residual, x, d: Deliveries):
-        coef = jnp.where(d.active, take_rows(jnp.asarray(weights), d.ids), 0.0)
-        diffs = jax.tree.map(jnp.subtract, d.results, take_rows(state.memory, d.ids))
+        coef = jnp.where(d.active, gather_rows(jnp.asarray(weights), d.ids), 0.0)
+        diffs = jax.tree.map(jnp.subtract, d.results, gather_rows(state.memory, d.ids))
         residual = jax.tree.map(jnp.add, state.residual, masked_sum(diffs, coef))
-        memory = set_rows(state.memory, d.ids, d.active, d.results)
+        memory = scatter_rows(state.memory, d.ids, d.active, d.results)
         x = apply_at(d.aggregate, x, residual)
         residual = jax.tree.map(lambda u: jnp.where(d.aggregate, jnp.zeros_like(u), u), residual)
         return x, Residual(residual, memory)
 
     def init(params, c):
-        return Residual(jax.tree.map(jnp.zeros_like, params), broadcast(params, c))
+        return Residual(jax.tree.map(jnp.zeros_like, params), Rows(broadcast(params, c)))
 
     return ServerRule(init, apply)
 

@@ -20,11 +20,11 @@ at the read, without an `[C, ...]` array of pending models and without the data 
 first delivery is its read model itself, AREA's x_i = y_i = x_s0).
 
 An iteration (`step`): the engine draws the firing clients into `B` slots `ids [B]` (padding
-id C) → their rows are gathered (`events.take_rows`) → each trains from r_i through
+id C) → their rows are gathered (`core.rows.gather_rows`) → each trains from r_i through
 `ClientWork.train` (round = its read iteration; `box` and `client_scale` are the client
 work's) → the server rule turns the deliveries into x_s (and its own state) → the firing
 clients read x_s (before this iteration's aggregation, or after it with
-`read_after_aggregate`; `events.set_rows`) → the engine advances once. Cost follows the
+`read_after_aggregate`; `core.rows.scatter_rows`) → the engine advances once. Cost follows the
 firing clients, not C.
 """
 
@@ -54,7 +54,6 @@ from fedjax_sim.algorithms.core import (
     client_key,
     payload_metrics,
     round_key,
-    row_mask,
     server_update,
 )
 from fedjax_sim.algorithms.events import (
@@ -62,14 +61,13 @@ from fedjax_sim.algorithms.events import (
     Arrivals,
     Events,
     EventState,
-    set_rows,
-    take_rows,
 )
 from fedjax_sim.algorithms.hooks import scaled
 from fedjax_sim.algorithms.local_hook import LocalHook, chain
 from fedjax_sim.algorithms.optimizers import ClientOptimizer
 from fedjax_sim.algorithms.schedules import client_sgd
 from fedjax_sim.core.checks import check_number, non_negative, positive
+from fedjax_sim.core.rows import Rows, gather_rows, scatter_rows
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.runtime.parallel import ClientMap
 
@@ -225,7 +223,8 @@ class ServerRule(NamedTuple):
     """What the server does with the deliveries (the asynchronous aggregator).
 
     Attributes:
-      init: `(x_s0, C) -> state` of the rule (memories, buffers; per-client rows `[C, ...]`).
+      init: `(x_s0, C) -> state` of the rule (memories, buffers; per-client memories
+        `[C, ...]` declared as `core.rows.Rows`).
       apply: `(state, x_s, deliveries) -> (new x_s, new state)`.
       check: `events -> None`, raises if the rule needs another event model.
     """
@@ -241,18 +240,19 @@ class AsyncState:
 
     Attributes:
       params: x_s, the server model.
-      read: `[C, ...]` r_i, the server model each client last read (its work is LU_i(r_i)).
+      read: `Rows [C, ...]` r_i, the server model each client last read (its work is
+        LU_i(r_i)).
       rule: the server rule's state.
       events: the event engine's bookkeeping (iteration, time, versions, reads).
-      computed: `[C]` bool (`init_mode="paper"`, else None): False while client i's pending
-        model is r_i itself.
+      computed: `Rows [C]` bool (`init_mode="paper"`, else None): False while client i's
+        pending model is r_i itself.
     """
 
     params: Params
-    read: Params
+    read: Rows
     rule: Any
     events: EventState
-    computed: jax.Array | None = None
+    computed: Rows | None = None
 
     @property
     def round(self) -> jax.Array:
@@ -336,33 +336,33 @@ def compose_async(
         params = project(params, work.box)
         return AsyncState(
             params=params,
-            read=broadcast(params, c),
+            read=Rows(broadcast(params, c)),
             rule=rule.init(params, c),
             events=events.init(key),
-            computed=jnp.zeros((c,), bool) if paper else None,
+            computed=Rows(jnp.zeros((c,), bool)) if paper else None,
         )
 
     def step(state: AsyncState, data: FederatedData, key: jax.Array):
         check_clients(events, data.num_clients)
         tick = events.draw(state.events, round_key(key, state.events.k, COHORT))
         ids, act = tick.ids, tick.active
-        start = take_rows(state.read, ids)
-        k_read = take_rows(state.events.read_iteration, ids)
+        start = gather_rows(state.read, ids)
+        k_read = gather_rows(state.events.read_iteration, ids)
         results, losses = train_slots(work, data, ids, start, k_read, key, client_map)
         computed = state.computed
         if paper:
-            done = take_rows(computed, ids)
+            done = gather_rows(computed, ids)
             results = jax.tree.map(
                 lambda x, r: jnp.where(done.reshape((-1,) + (1,) * (x.ndim - 1)), x, r),
                 results,
                 start,
             )
-            computed = set_rows(computed, ids, act, jnp.ones(ids.shape, bool))
+            computed = scatter_rows(computed, ids, act, jnp.ones(ids.shape, bool))
         buffered = state.events.count + jnp.sum(act)
         deliveries = Deliveries(ids, act, start, results, tick.tau, tick.aggregate, buffered, c)
         params, rule_state = rule.apply(state.rule, state.params, deliveries)
         reply = params if read_after_aggregate else state.params
-        read = set_rows(state.read, ids, act, broadcast(reply, ids.shape[0]))
+        read = scatter_rows(state.read, ids, act, broadcast(reply, ids.shape[0]))
         new_events = events.advance(state.events, tick, read_after_aggregate=read_after_aggregate)
         fired = jnp.sum(act)
         metrics = {
@@ -372,23 +372,7 @@ def compose_async(
         }
         return AsyncState(params, read, rule_state, new_events, computed), metrics
 
-    def rows(state: AsyncState) -> AsyncState:
-        # the rule's per-client leaves: those whose leading axis follows C
-        def rule_shapes(n):
-            return jax.eval_shape(lambda p: rule.init(p, n), state.params)
-
-        per_client = jax.tree.map(
-            lambda a, b: a.shape != b.shape, rule_shapes(c), rule_shapes(c + 1)
-        )
-        return AsyncState(
-            params=row_mask(state.params, False),
-            read=row_mask(state.read, True),
-            rule=per_client,
-            events=row_mask(state.events, False),
-            computed=row_mask(state.computed, True),
-        )
-
-    return Algorithm(init, step, rows)
+    return Algorithm(init, step)
 
 
 # ------------------------------------------------------------------------------ rules

@@ -25,6 +25,7 @@ from fedjax_sim.algorithms.optimizers import (
     client_optimizer_at,
 )
 from fedjax_sim.core.checks import is_concrete, non_negative
+from fedjax_sim.core.rows import Rows
 from fedjax_sim.data.federated import FederatedData
 
 
@@ -79,13 +80,15 @@ class ClientWork:
 
     # -- state
     def init_rows(self, params: Params, num_clients: int) -> dict[str, Any]:
-        """`{hook name: rows [C, ...]}` of the hooks with per-client state."""
+        """`{hook name: Rows [C, ...]}` of the hooks with per-client state."""
         out = {}
         for h in self.hook.hooks:
             if h.init_row is not None:
                 row = h.init_row(params)
-                out[h.name] = jax.tree.map(
-                    lambda r: jnp.broadcast_to(r, (num_clients, *jnp.shape(r))).copy(), row
+                out[h.name] = Rows(
+                    jax.tree.map(
+                        lambda r: jnp.broadcast_to(r, (num_clients, *jnp.shape(r))).copy(), row
+                    )
                 )
         return out
 

@@ -61,7 +61,6 @@ from fedjax_sim.algorithms.core import (
     map_weighted_sum,
     mean_of_total,
     round_key,
-    row_mask,
     server_update,
     tree_norm,
     tree_sq_norm,
@@ -69,7 +68,7 @@ from fedjax_sim.algorithms.core import (
 from fedjax_sim.algorithms.distributors import Distributor, DistributorSummary, as_distributor
 from fedjax_sim.algorithms.local_hook import LocalHook, RoundSummary, chain
 from fedjax_sim.algorithms.optimizers import ClientOptimizer, ServerOptimizer, server_optimizer_from
-from fedjax_sim.algorithms.rows import check_rows, gather_rows, scatter_rows, streamed_rows
+from fedjax_sim.core.rows import check_rows, gather_rows, scatter_rows, streamed_rows
 from fedjax_sim.data.federated import FederatedData, tree_size_bytes
 from fedjax_sim.runtime.parallel import ClientMap
 
@@ -82,9 +81,9 @@ class FederatedState:
       params: x_t, the global model.
       opt_state: the server optimizer's state.
       round: [] int32 rounds done.
-      rows: `{hook name: [C, ...]}` per-client rows of the hooks.
+      rows: `{hook name: Rows [C, ...]}` per-client rows of the hooks.
       hooks: `{hook name: server-side state}` of the hooks.
-      aggregator: the aggregator's server state and named per-client memories.
+      aggregator: the aggregator's server state and named per-client memories (`Rows`).
       cohort: the distributor's state (None for a `CohortSpec`).
     """
 
@@ -254,7 +253,7 @@ def compose(
                 contributed=contributed,
                 mean=hook_means[h.name],
                 outputs=outputs[h.name],
-                rows=None if streamed else rows.get(h.name),
+                rows=None if streamed or h.name not in rows else rows[h.name].value,
                 row_change=changes.get(h.name),
                 num_clients=data.num_clients,
                 local_steps=max_steps,
@@ -317,14 +316,7 @@ def compose(
         )
         return new_state, metrics
 
-    def rows(state: FederatedState) -> FederatedState:
-        agg = state.aggregator
-        return row_mask(state, False).replace(
-            rows=row_mask(state.rows, True),
-            aggregator=AggregatorState(row_mask(agg.server, False), row_mask(agg.rows, True)),
-        )
-
-    return Algorithm(init, step, rows)
+    return Algorithm(init, step)
 
 
 # ------------------------------------------------------------------------------ presets

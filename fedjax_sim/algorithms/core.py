@@ -8,7 +8,8 @@ An algorithm is a pair of pure functions, optax-style::
     state, metrics = algorithm.step(state, data, key)   # one round (or one async event)
 
 Every `State` is a `flax.struct.dataclass` with at least `params` (the global model) and
-`round` (int32 counter); per-client parts are stacked on axis 0 for all C clients.
+`round` (int32 counter); per-client parts are stacked on axis 0 for all C clients and
+declared as `core.rows.Rows`.
 
 Randomness: `step` derives everything from `(key, state.round)`; the key of client `i` is
 `fold_in(fold_in(fold_in(key, round), LOCAL), i)`, so results do not depend on cohort order,
@@ -28,7 +29,7 @@ import numpy as np
 import optax
 from jax import lax
 
-from fedjax_sim.algorithms.events import bernoulli_cohort, sample_cohort
+from fedjax_sim.algorithms import cohorts
 from fedjax_sim.data.federated import Batch, ClientData, FederatedData, tree_size_bytes
 from fedjax_sim.runtime.parallel import ClientMap, to_varying
 
@@ -45,26 +46,13 @@ GradFn = Callable[[ValueAndGrad, Params, Batch, Any], tuple[jax.Array, Params, A
 class Algorithm(NamedTuple):
     """A federated algorithm as a pure state transition (the optax pattern).
 
-    `rows` (optional): maps a state to the same tree with True at its per-client row
-    leaves `[C, ...]` and False elsewhere (built with `row_mask`);
-    `simulate_streamed(state_rows="host")` keeps those leaves on the host and sends the
-    device only the rows a chunk touches; `simulate(mesh=...)` shards them over the clients
-    axis (without `rows`, the whole state is replicated)."""
+    Per-client state `[C, ...]` is declared by its type: the state holds it as
+    `core.rows.Rows`. `simulate(mesh=...)` shards exactly those leaves over the clients axis
+    (everything else is replicated); `simulate_streamed(state_rows="host")` keeps them on the
+    host and sends the device only the rows a chunk touches."""
 
     init: Callable[[Params, PRNGKey], State]
     step: Callable[[State, FederatedData, PRNGKey], tuple[State, Metrics]]
-    rows: Callable[[State], Any] | None = None
-
-
-def row_mask(tree: Any, per_client: bool) -> Any:
-    """`tree` with every leaf replaced by `per_client` (parts of an `Algorithm.rows` mask)."""
-    return jax.tree.map(lambda _: per_client, tree)
-
-
-def declared_rows(algorithm: Algorithm, state: State) -> Any:
-    """The `rows` mask of `state` (False, a whole-tree "no rows", if `algorithm` declares
-    none)."""
-    return False if algorithm.rows is None else algorithm.rows(state)
 
 
 def float_dtype() -> jnp.dtype:
@@ -204,13 +192,14 @@ class CohortSpec:
     def sample(self, key: PRNGKey, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
         """`(client ids [M], aggregation weights [M])`; empty clients get weight 0."""
         self.check(counts.shape[0])
-        if self.sampling == "bernoulli":
-            idx, selected = bernoulli_cohort(key, counts.shape[0], self.probability, self.size)
-        else:
-            idx = sample_cohort(
-                key, counts.shape[0], self.size, sampling=self.sampling, counts=counts
-            )
-            selected = None
+        idx, selected = cohorts.sample(
+            key,
+            counts.shape[0],
+            self.size,
+            self.sampling,
+            counts=counts,
+            probability=self.probability,
+        )
         n = counts[idx].astype(float_dtype())
         if self.client_weights is not None:
             fixed = jnp.asarray(self.client_weights, float_dtype())[idx]

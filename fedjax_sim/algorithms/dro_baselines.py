@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from fedjax_sim.algorithms import cohorts
 from fedjax_sim.algorithms.compose import Options, preset, synchronous
 from fedjax_sim.algorithms.core import (
     EXTRA,
@@ -44,7 +45,6 @@ from fedjax_sim.algorithms.core import (
     tree_sub,
 )
 from fedjax_sim.algorithms.distributors import Distributor, DistributorSummary
-from fedjax_sim.algorithms.events import sample_cohort
 from fedjax_sim.algorithms.hooks import tilted
 from fedjax_sim.algorithms.local_hook import LocalHook
 from fedjax_sim.core.checks import check_number, is_concrete
@@ -139,7 +139,7 @@ def lambda_ascent(
             )
         if size is None:
             return jnp.arange(num_clients, dtype=jnp.int32), lam
-        ids = jax.random.choice(key, num_clients, (size,), p=lam).astype(jnp.int32)
+        ids = cohorts.weighted(key, lam, size)
         return ids, jnp.ones((size,), lam.dtype)
 
     def finalize(lam, s: DistributorSummary, data: FederatedData, key: jax.Array):
@@ -150,7 +150,7 @@ def lambda_ascent(
         if size is None:
             loss_ids, scale = jnp.arange(num_clients, dtype=jnp.int32), 1.0
         else:
-            loss_ids = sample_cohort(jax.random.fold_in(extra, 1), num_clients, size)
+            loss_ids = cohorts.uniform(jax.random.fold_in(extra, 1), num_clients, size)
             scale = num_clients / size
         loss_key = jax.random.fold_in(extra, 2)
 

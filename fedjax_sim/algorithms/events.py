@@ -1,13 +1,4 @@
-"""Participation and arrival models: who takes part in a round, or fires in an event iteration.
-
-Synchronous cohorts (`sample_cohort`):
-- full participation: every client, in id order;
-- `uniform`: M of C without replacement (Gumbel top-k over equal logits, O(C) per round);
-- `proportional`: M draws with replacement, P(client i) proportional to n_i (Li et al. 2020's
-  scheme I; pair it with uniform aggregation weights for an unbiased average).
-- `bernoulli_cohort`: every client independently with probability p (the FedMIM paper's
-  "sampling probability of each client being activated"), compacted into a fixed-capacity
-  buffer so shapes stay static.
+"""Arrival models: who fires in an event iteration (synchronous cohorts: `cohorts`).
 
 Asynchronous event engine (`Events`), shared by every asynchronous algorithm (AREA, AS-FedAvg,
 FedBuff, MIFA, FedAsync; spec `docs/specs/area_async.md`, Section 3). One *iteration* is
@@ -45,8 +36,8 @@ draw), or a fixed time interval ("time": when the simulated time crosses a multi
 
 Cost follows firing clients, not C: the due clients are compacted into `capacity` slots
 (`compact`, the same indices as `jnp.nonzero(mask, size=capacity, fill_value=C)` computed by a
-blocked prefix sum); algorithms train and update only those slots (`x[ids]`,
-`.at[ids].set(..., mode="drop")`; padding slots hold id C and are dropped). Due clients that
+blocked prefix sum); algorithms train and update only those slots (`core.rows.gather_rows` /
+`scatter_rows`, in place; padding slots hold id C and are dropped). Due clients that
 do not fit are deferred: they stay due and are served first in the next iteration (`overflow`
 counts them). `capacity=None` uses all C slots (the "compute every client and mask" reference).
 
@@ -66,69 +57,7 @@ import numpy as np
 from flax import struct
 from jax import lax
 
-from fedjax_sim.data.store import is_rows
-
-SAMPLINGS = ("uniform", "proportional")
-
-
-def _keep_top_k(idx: jax.Array) -> jax.Array:
-    """Optimization barrier on top_k's indices. Without it XLA:CPU may fold the slice of the
-    sorted indices into their consumers (the cohort gathers inside `lax.map`), which defeats
-    its sort+slice -> TopK rewrite and leaves a full comparator sort of all C scores: a
-    FedAvg round at C = 10^5, cohort 100, measured ~100 ms instead of ~15 ms."""
-    return jax.lax.optimization_barrier(idx)
-
-
-def sample_cohort(
-    key: jax.Array,
-    num_clients: int,
-    size: int | None,
-    *,
-    sampling: str = "uniform",
-    counts: jax.Array | None = None,
-) -> jax.Array:
-    """Client ids of one round's cohort, `[M]` int32 (`M = num_clients` when `size` is None)."""
-    if size is None or (size == num_clients and sampling == "uniform"):
-        return jnp.arange(num_clients, dtype=jnp.int32)
-    if not 1 <= size <= num_clients:
-        raise ValueError(f"cohort size must be in [1, {num_clients}], got {size}")
-    if sampling == "uniform":
-        _, idx = jax.lax.top_k(jax.random.uniform(key, (num_clients,)), size)
-        return _keep_top_k(idx).astype(jnp.int32)
-    if sampling == "proportional":
-        if counts is None:
-            raise ValueError("proportional sampling needs client counts")
-        logits = jnp.log(counts.astype(jnp.float32))  # empty clients: -inf, never drawn
-        return jax.random.categorical(key, logits, shape=(size,)).astype(jnp.int32)
-    raise ValueError(f"unknown cohort sampling {sampling!r}; choose from {SAMPLINGS}")
-
-
-def bernoulli_cohort(
-    key: jax.Array, num_clients: int, probability: float, capacity: int | None = None
-) -> tuple[jax.Array, jax.Array]:
-    """Each client participates independently with `probability`.
-
-    Returns `(ids [capacity] int32, selected [capacity] bool)`: the ids are distinct; the
-    selected clients come first (in random order) and the buffer is padded with unselected
-    clients (`selected=False`, to be weighted 0). With `capacity=None` the buffer holds all
-    clients (exact, but every client is computed); with a smaller capacity, selected clients
-    beyond it are dropped uniformly at random (choose it a few standard deviations above
-    `p * num_clients`). The round may be empty (no client selected).
-    """
-    if not 0.0 < probability <= 1.0:
-        raise ValueError(f"participation probability must be in (0, 1], got {probability}")
-    cap = num_clients if capacity is None else capacity
-    if not 1 <= cap <= num_clients:
-        raise ValueError(f"cohort capacity must be in [1, {num_clients}], got {cap}")
-    k_draw, k_order = jax.random.split(key)
-    selected = jax.random.uniform(k_draw, (num_clients,)) < probability
-    if cap == num_clients:
-        return jnp.arange(num_clients, dtype=jnp.int32), selected
-    score = selected.astype(jnp.float32) + jax.random.uniform(k_order, (num_clients,))
-    _, idx = jax.lax.top_k(score, cap)
-    idx = _keep_top_k(idx)
-    return idx.astype(jnp.int32), selected[idx]
-
+from fedjax_sim.core.rows import gather_rows, scatter_rows
 
 # ------------------------------------------------------------------------------ compaction
 _BLOCK = 32
@@ -166,52 +95,6 @@ def compact(mask: jax.Array, capacity: int) -> jax.Array:
     targets = jnp.arange(1, capacity + 1, dtype=jnp.float32)
     ids = jnp.searchsorted(counts, targets, side="left", method="scan_unrolled")
     return jnp.where(targets <= counts[-1], ids, n).astype(jnp.int32)
-
-
-def take_rows(tree: Any, ids: jax.Array) -> Any:
-    """`a[ids]` of every leaf `a [C, ...]` of a tree (an array is one) for slot ids `[B]`
-    (padding id C reads row C - 1), always as a gather (for B = 1 the row is gathered twice:
-    a single-row read becomes a dynamic-slice that XLA fuses into its consumers, which
-    defeats the in-place update of `set_rows`). A streamed `data.store.CohortRows` leaf is
-    read by client id from its chunk's rows."""
-
-    def take(a):
-        if is_rows(a):
-            return a.gather(ids)
-        safe = jnp.minimum(ids, a.shape[0] - 1)
-        if ids.shape[0] == 1:
-            return a[jnp.concatenate([safe, safe])][:1]
-        return a[safe]
-
-    return jax.tree.map(take, tree, is_leaf=is_rows)
-
-
-def set_rows(tree: Any, ids: jax.Array, active: jax.Array, values: Any) -> Any:
-    """`a[ids[b]] = values[b]` for the active slots of every leaf `a [C, ...]` of a tree
-    (padding id C and inactive slots are dropped), done in place under jit.
-
-    In-place matters: cost must follow the firing clients, not C. XLA updates the stacked
-    array in place only if every read of it is ordered before the write. Reads of the same
-    rows elsewhere in the step (`take_rows`, merged with this one by CSE) feed other outputs
-    and could be scheduled after the write, so XLA would copy the whole `[C, ...]` array every
-    iteration (measured: 2 copies per array per iteration). Writing `where(active, values,
-    old rows)` makes the write depend on the read and removes the copies; one slot is padded to
-    two because XLA turns a one-row scatter into an update plus a select over the whole array.
-    A streamed `data.store.CohortRows` leaf is written by client id into its chunk's rows."""
-
-    def put(a, v):
-        if is_rows(a):
-            return a.scatter(ids, active, v)
-        c = a.shape[0]
-        keep = active.reshape((-1,) + (1,) * (a.ndim - 1))
-        v = jnp.where(keep, v.astype(a.dtype), take_rows(a, ids))
-        write = jnp.where(active, ids, c)
-        if ids.shape[0] == 1:
-            write = jnp.concatenate([write, jnp.full((1,), c, write.dtype)])
-            v = jnp.concatenate([v, v])
-        return a.at[write].set(v, mode="drop")
-
-    return jax.tree.map(put, tree, values, is_leaf=is_rows)
 
 
 # ------------------------------------------------------------------------------ configuration
@@ -630,7 +513,7 @@ class Events:
                     lambda: compact(due_all, b),
                 )
             safe = jnp.minimum(ids, c - 1)
-            due = take_rows(due_all, ids) & (ids < c)
+            due = gather_rows(due_all, ids) & (ids < c)
             p = jnp.asarray(self.arrivals.values, ftype)[safe]
             u = uniforms(key, jnp.append(safe, c), ftype)  # clients, then the server
             gap = jnp.minimum(_geometric(u[:-1], p), 2**31 - 1 - k_new)
@@ -676,8 +559,8 @@ class Events:
         else:
             interval = self.aggregation.interval
             aggregate = jnp.floor(t_new / interval) > jnp.floor(state.t / interval)
-        tau = jnp.where(active, state.version - take_rows(state.read_version, ids), 0)
-        tau_iter = jnp.where(active, k_new - take_rows(state.read_iteration, ids), 0)
+        tau = jnp.where(active, state.version - gather_rows(state.read_version, ids), 0)
+        tau_iter = jnp.where(active, k_new - gather_rows(state.read_iteration, ids), 0)
         return Tick(
             ids=ids,
             active=active,
@@ -711,17 +594,17 @@ class Events:
         count = state.count + jnp.sum(tick.active).astype(jnp.int32)
         next_event = state.next_event
         if self.arrivals.mode == "bernoulli":
-            next_event = set_rows(next_event, tick.ids, tick.due, tick.next_event)
+            next_event = scatter_rows(next_event, tick.ids, tick.due, tick.next_event)
         slots = tick.ids.shape
         return EventState(
             k=tick.k,
             t=tick.t,
             version=state.version + tick.aggregate.astype(jnp.int32),
             count=jnp.where(tick.aggregate, 0, count).astype(jnp.int32),
-            read_version=set_rows(
+            read_version=scatter_rows(
                 state.read_version, tick.ids, tick.active, jnp.broadcast_to(read_version, slots)
             ),
-            read_iteration=set_rows(
+            read_iteration=scatter_rows(
                 state.read_iteration, tick.ids, tick.active, jnp.broadcast_to(tick.k, slots)
             ),
             next_event=next_event,

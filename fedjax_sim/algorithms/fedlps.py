@@ -56,9 +56,9 @@ from fedjax_sim.algorithms.core import (
 )
 from fedjax_sim.algorithms.distributors import Distributor, cohort_distributor
 from fedjax_sim.algorithms.local_hook import LocalHook, RoundSummary
-from fedjax_sim.algorithms.rows import scatter_rows
 from fedjax_sim.algorithms.similarity import MessageMethod, SimilarityGraph, graph_from_data
 from fedjax_sim.core.checks import check_number
+from fedjax_sim.core.rows import scatter_rows
 from fedjax_sim.data.federated import FederatedData, tree_size_bytes
 
 Params = Any

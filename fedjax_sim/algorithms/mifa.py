@@ -34,13 +34,13 @@ from fedjax_sim.algorithms.asynchronous import (
     server_step,
 )
 from fedjax_sim.algorithms.core import Algorithm, LossFn, Params
-from fedjax_sim.algorithms.events import set_rows, take_rows
+from fedjax_sim.core.rows import Rows, gather_rows, scatter_rows
 
 
 class Memory(NamedTuple):
     """MIFA's server state: G_i `[C, ...]`, their sum and the server optimizer's state."""
 
-    memory: Params
+    memory: Rows
     memory_sum: Params
     opt_state: Any = None
 
@@ -53,17 +53,17 @@ def memory(server: Any) -> ServerRule:
 
     def apply(state: Memory, x, d: Deliveries):
         updates = jax.tree.map(jnp.subtract, d.start, d.results)  # G_i = r_i - x_i
-        change = jax.tree.map(jnp.subtract, updates, take_rows(state.memory, d.ids))
+        change = jax.tree.map(jnp.subtract, updates, gather_rows(state.memory, d.ids))
         total = jax.tree.map(
             jnp.add, state.memory_sum, masked_sum(change, d.active.astype(jnp.float32))
         )
         coef = lambda eta: -(eta / d.num_clients)  # noqa: E731
         x, opt_state = step.apply(d.aggregate, x, total, coef, state.opt_state)
-        return x, Memory(set_rows(state.memory, d.ids, d.active, updates), total, opt_state)
+        return x, Memory(scatter_rows(state.memory, d.ids, d.active, updates), total, opt_state)
 
     def init(params, c):
         zeros = jax.tree.map(jnp.zeros_like, params)
-        return Memory(broadcast(zeros, c), zeros, step.init(params))
+        return Memory(Rows(broadcast(zeros, c)), zeros, step.init(params))
 
     return ServerRule(init, apply)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from fedjax_sim.algorithms import cohorts
 from fedjax_sim.algorithms.asynchronous import (
     AsyncOptions,
     async_preset,
@@ -32,7 +33,7 @@ from fedjax_sim.algorithms.asynchronous import (
 from fedjax_sim.algorithms.compose import compose
 from fedjax_sim.algorithms.core import EXTRA, Algorithm, LossFn, round_key
 from fedjax_sim.algorithms.distributors import Distributor
-from fedjax_sim.algorithms.events import Events, sample_cohort
+from fedjax_sim.algorithms.events import Events
 
 
 def clocked_cohort(events: Events, size: int) -> Distributor:
@@ -43,7 +44,7 @@ def clocked_cohort(events: Events, size: int) -> Distributor:
 
     def sample(t, key, counts, round_):
         check_clients(events, counts.shape[0])
-        ids = sample_cohort(key, c, size)
+        ids = cohorts.uniform(key, c, size)
         return ids, jnp.ones(ids.shape, t.dtype)
 
     def finalize(t, s, data, key):

@@ -80,11 +80,6 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
     from fedjax_sim.run.simulate import EvalSpec, simulate
 
     if streamed:
-        if cfg.state_rows == "host" and algorithm.rows is None:
-            raise UsageError(
-                f"--state-rows host: --algorithm {cfg.algorithm} does not declare its per-client "
-                "rows (Algorithm.rows)"
-            )
         from fedjax_sim.run.streaming import simulate_streamed
 
         name = validate.data_name(cfg)

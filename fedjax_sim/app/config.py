@@ -245,8 +245,8 @@ def build_run(cfg: RunConfig, mesh=None, explicit: Collection[str] | None = None
     if mesh is not None and jax.process_count() > 1:
         from fedjax_sim.runtime import distributed
 
-        train = distributed.local_rows(dataset.train, mesh, cfg.num_clients, rows=True)
-        train = distributed.globalize(train, mesh, cfg.num_clients, rows=True)
+        train = distributed.local_rows(dataset.train, mesh, cfg.num_clients, all_rows=True)
+        train = distributed.globalize(train, mesh, cfg.num_clients, all_rows=True)
         dataset = dataset._replace(train=train)
     model = _model(cfg, dataset.feature_shape, dataset.num_classes)
     client_map = make_client_map(cfg, mesh)

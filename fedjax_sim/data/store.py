@@ -501,61 +501,12 @@ class CohortData(FederatedData):
         )
 
 
-@struct.dataclass
-class CohortRows:
-    """Per-client state rows of some clients, addressed by real client ids: the streamed
-    stand-in for a `[C, ...]` state leaf (control variates, duals, memories, read models).
-
-    `rows` is a pytree of `[U, ...]` arrays for the clients `slot_ids [U]` (int32, sorted,
-    distinct), gathered from a `HostStore` before a chunk of rounds and scattered back after
-    it. `num_clients` C (static; None: unknown) clamps padding ids C to C - 1, as
-    `events.take_rows` does on a `[C, ...]` array. The row functions of the algorithm layer
-    (`rows.gather_rows` / `scatter_rows`, `events.take_rows` / `set_rows`) dispatch on it,
-    so an algorithm runs unchanged on `[C, ...]` arrays and on streamed rows; every id it
-    reads must be in `slot_ids` (the streamed driver gathers the union of a chunk's cohorts).
-    """
-
-    rows: Any
-    slot_ids: Array
-    num_clients: int | None = struct.field(pytree_node=False, default=None)
-
-    def _slots(self, ids: Array) -> Array:
-        if self.num_clients is not None:
-            ids = jnp.minimum(ids, self.num_clients - 1)
-        m = self.slot_ids.shape[0]
-        return jnp.minimum(jnp.searchsorted(self.slot_ids, ids), m - 1).astype(jnp.int32)
-
-    def gather(self, ids: Array) -> Any:
-        """`[K, ...]` rows of clients `ids [K]` (each must be in `slot_ids`)."""
-        s = self._slots(ids)
-        return jax.tree.map(lambda r: r[s], self.rows)
-
-    def scatter(self, ids: Array, mask: Array, values: Any) -> CohortRows:
-        """Rows of clients `ids [K]` replaced by `values [K, ...]` where `mask [K]` (other
-        ids, e.g. padding slots that share a clamped slot, write nothing)."""
-        s = self._slots(ids)
-
-        def write(r, v):
-            keep = mask.reshape(-1, *([1] * (v.ndim - 1)))
-            v = jnp.where(keep, v.astype(r.dtype), r[s])
-            return r.at[jnp.where(mask, s, r.shape[0])].set(v, mode="drop")
-
-        return self.replace(rows=jax.tree.map(write, self.rows, values))
-
-
-def is_rows(x: Any) -> bool:
-    """Whether `x` is a `CohortRows` (the `is_leaf` of tree maps over per-client state)."""
-    return isinstance(x, CohortRows)
-
-
 __all__ = [
     "ClientStore",
     "CohortData",
-    "CohortRows",
     "Dequantize",
     "HostStore",
     "RecordRows",
     "identity",
-    "is_rows",
     "write_client_store",
 ]

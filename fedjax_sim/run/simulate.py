@@ -20,7 +20,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh
 
-from fedjax_sim.algorithms.core import Algorithm, declared_rows, tree_all_finite
+from fedjax_sim.algorithms.core import Algorithm, tree_all_finite
 from fedjax_sim.data.federated import ArrayData, Batch, FederatedData
 from fedjax_sim.models.base import Model
 from fedjax_sim.run.history import History
@@ -176,9 +176,9 @@ def simulate(
         params = model.init(jax.random.fold_in(key, INIT_PURPOSE))
     state = algorithm.init(params, key)
     if mesh is not None:
-        state, data = distributed.place_run(state, data, mesh, rows=declared_rows(algorithm, state))
+        state, data = distributed.place_run(state, data, mesh)
         if test is not None:  # the central test set: no per-client rows
-            test = distributed.place(test, mesh, data.num_clients, rows=False)
+            test = distributed.place(test, mesh, data.num_clients)
     meta = dict(meta or {})
     # resolves (measures) ClientMap("auto") before compiling; the round's modes are recorded
     modes = recorded_modes(jax.make_jaxpr(algorithm.step)(state, data, key))

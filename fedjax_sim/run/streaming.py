@@ -12,8 +12,8 @@ O(cohort x chunk + model + 8 bytes per client for the algorithm's own cohort dra
 per-client state rows `[C, ...]` (SCAFFOLD's control variates, FedDyn's h_i, error-feedback
 memories, MIFA's and AREA's read models and memories), unless `state_rows="host"`: then they
 live in a host `HostStore` (RAM or memory-mapped files) and each chunk gets only the rows of
-the clients it touches, as `data.store.CohortRows` tables that the algorithm layer's row
-functions address by real client id (see `simulate_streamed`).
+the clients it touches, as `core.rows.Rows` tables that the row functions
+(`core.rows.gather_rows` / `scatter_rows`) address by real client id (see `simulate_streamed`).
 
 Plans:
 - `AlgorithmCohorts(cohort, counts)`: the ids `CohortSpec.sample` draws in the FedAvg-type
@@ -44,9 +44,10 @@ from jax import lax
 from jax.sharding import Mesh
 
 from fedjax_sim.algorithms.core import COHORT, Algorithm, CohortSpec, round_key, tree_all_finite
+from fedjax_sim.core.rows import Rows, is_rows
 from fedjax_sim.data.federated import ArrayData, FederatedData
 from fedjax_sim.data.procedural import Population
-from fedjax_sim.data.store import ClientStore, CohortData, CohortRows, HostStore
+from fedjax_sim.data.store import ClientStore, CohortData, HostStore
 from fedjax_sim.models.base import Model
 from fedjax_sim.run.history import History
 from fedjax_sim.run.loop import RunOptions, chunk_length, run_loop, run_options, spans
@@ -187,23 +188,34 @@ def _patch(table: list, slots: jax.Array, prev: list, prev_slots: jax.Array) -> 
 
 
 class _RowStore:
-    """`state_rows="host"`: the `[C, ...]` row leaves of the algorithm state in a
-    `HostStore`, the device rows of the chunk that ran last, and their write-back.
+    """`state_rows="host"`: the `Rows` of the algorithm state (`[C, ...]`) in a `HostStore`,
+    the device rows of the chunk that ran last, and their write-back.
 
     Order: chunk i's rows are gathered (background thread, while chunk i - 1 computes) once
     chunks `< i - 1` are written back (`wait_written`); `enter` patches in the rows chunk
     i - 1 changed from its device table; `write_back` (main thread, after chunk i is
     dispatched, so while it runs) returns chunk i - 1's rows. Gathers and write-backs never
     touch the store at the same time: chunk i's rows are out of the queue before chunk
-    i - 1's write-back starts, and chunk i + 1's gather waits for it."""
+    i - 1's write-back starts, and chunk i + 1's gather waits for it.
 
-    def __init__(self, store: HostStore, treedef: Any, leaves: list, mask: list[bool], c: int):
-        self.store, self.treedef, self.mask, self.num_clients = store, treedef, mask, c
+    The state is flattened down to its `Rows` (`nodes`); each `Rows`' value leaves are the
+    store's arrays `leaf{node}_{leaf}`, in flat order (`names`)."""
+
+    def __init__(self, store: HostStore, treedef: Any, nodes: list, c: int):
+        self.store, self.treedef, self.num_clients = store, treedef, c
+        self.mask = [is_rows(n) for n in nodes]
+        # per Rows node: (the structure of its value, the names of its leaves in the store)
+        self.values = [
+            (d, [f"leaf{i}_{j}" for j in range(d.num_leaves)])
+            for i, n in enumerate(nodes)
+            if is_rows(n)
+            for d in [jax.tree.structure(n.value)]
+        ]
+        self.names = [name for _, names in self.values for name in names]
         self.device = jax.devices()[0]  # where the chunks run
-        self.names = [f"leaf{i}" for i, m in enumerate(mask) if m]
         # the state between chunks: device leaves, no rows (they are on the host)
         self.device_state = treedef.unflatten(
-            [None if m else a for a, m in zip(leaves, mask, strict=True)]
+            [None if m else a for a, m in zip(nodes, self.mask, strict=True)]
         )
         self.prev: tuple[jax.Array, list] | None = None  # (slots, rows) of the last chunk
         self.pending: tuple[jax.Array, list] | None = None  # not yet written back
@@ -222,12 +234,20 @@ class _RowStore:
             cpu = jax.devices("cpu")[0]
             with jax.default_device(cpu):
                 state = algorithm.init(jax.device_put(params, cpu), jax.device_put(key, cpu))
-        treedef = jax.tree.structure(state)
-        mask = [bool(m) for m in treedef.flatten_up_to(algorithm.rows(state))]
-        leaves = treedef.flatten_up_to(state)
-        rows = {f"leaf{i}": np.array(a) for i, a in enumerate(leaves) if mask[i]}
+        nodes, treedef = jax.tree.flatten(state, is_leaf=is_rows)
+        if not any(is_rows(n) for n in nodes):
+            raise ValueError(
+                'state_rows="host": the algorithm keeps no per-client rows (no core.rows.Rows '
+                "in its state)"
+            )
+        rows = {
+            f"leaf{i}_{j}": np.array(a)
+            for i, n in enumerate(nodes)
+            if is_rows(n)
+            for j, a in enumerate(jax.tree.leaves(n.value))
+        }
         for name, a in rows.items():
-            if a.ndim == 0 or a.shape[0] != c:
+            if a.shape[0] != c:
                 raise ValueError(f"state row {name} has shape {a.shape}, expected [{c}, ...]")
         if path is None:
             store = HostStore(rows)
@@ -236,18 +256,35 @@ class _RowStore:
             store = HostStore.create(path, c, spec)
             store.write_rows(0, rows)
         device = jax.devices()[0]
-        leaves = [
-            None if m else jax.device_put(a, device) for a, m in zip(leaves, mask, strict=True)
-        ]
-        return cls(store, treedef, leaves, mask, c)
+        nodes = [n if is_rows(n) else jax.device_put(n, device) for n in nodes]
+        return cls(store, treedef, nodes, c)
 
     def _with_rows(self, state: Any, rows: list) -> Any:
-        """`state` with its row leaves replaced by `rows` (in leaf order)."""
+        """`state` with its `Rows` replaced by `rows` (in flat order)."""
         it = iter(rows)
-        leaves = self.treedef.flatten_up_to(state)
+        nodes = self.treedef.flatten_up_to(state)
         return self.treedef.unflatten(
-            [next(it) if m else a for a, m in zip(leaves, self.mask, strict=True)]
+            [next(it) if m else a for a, m in zip(nodes, self.mask, strict=True)]
         )
+
+    def _rows(self, leaves: list, slots: Any = None) -> list[Rows]:
+        """One `Rows` per row node from the flat `leaves` (tables of `slots` if given; one
+        slot-id array per table: the chunk donates its state, and a donated argument cannot
+        hold one buffer twice)."""
+        out, it = [], iter(leaves)
+        for k, (treedef, names) in enumerate(self.values):
+            value = treedef.unflatten([next(it) for _ in names])
+            if slots is None:
+                out.append(Rows(value, num_clients=self.num_clients))
+            else:
+                out.append(Rows(value, jnp.copy(slots) if k else slots, self.num_clients))
+        return out
+
+    def _leaves(self, state: Any) -> tuple[list[Rows], list]:
+        """The `Rows` of `state` and their value leaves in flat order."""
+        nodes = self.treedef.flatten_up_to(state)
+        rows = [a for a, m in zip(nodes, self.mask, strict=True) if m]
+        return rows, [leaf for r in rows for leaf in jax.tree.leaves(r.value)]
 
     def wait_written(self, chunks: int, stop: threading.Event) -> bool:
         """Waits until `chunks` chunks are written back (False: the run stopped)."""
@@ -270,24 +307,15 @@ class _RowStore:
         return slots.astype(np.int32), [rows[n] for n in self.names]
 
     def enter(self, state: Any, slots: jax.Array, table: list) -> Any:
-        """`state` with its row leaves the chunk's `CohortRows [U, ...]` (patched)."""
+        """`state` with its `Rows` the chunk's tables `[U, ...]` (patched)."""
         if self.prev is not None:
             table = _patch(table, slots, self.prev[1], self.prev[0])
-        # one slot-id array per row leaf: the chunk donates its state, and a donated
-        # argument cannot hold one buffer twice
-        return self._with_rows(
-            state,
-            [
-                CohortRows(t, jnp.copy(slots) if i else slots, self.num_clients)
-                for i, t in enumerate(table)
-            ],
-        )
+        return self._with_rows(state, self._rows(table, slots))
 
     def leave(self, state: Any) -> None:
         """Keeps the chunk's new rows (to patch the next chunk) and queues their write-back."""
-        leaves = self.treedef.flatten_up_to(state)
-        rows = [a for a, m in zip(leaves, self.mask, strict=True) if m]
-        self.prev = self.pending = (rows[0].slot_ids, [r.rows for r in rows])
+        rows, leaves = self._leaves(state)
+        self.prev = self.pending = (rows[0].slot_ids, leaves)
 
     def write_back(self) -> int:
         """Writes the queued rows to the host store; returns the bytes."""
@@ -303,25 +331,26 @@ class _RowStore:
         return sum(v.nbytes for v in host.values())
 
     def final_state(self, state: Any) -> Any:
-        """`state` with its row leaves the host store's `[C, ...]` arrays."""
+        """`state` with its `Rows` the host store's `[C, ...]` arrays."""
         self.store.flush()
-        return self._with_rows(state, [self.store.arrays[n] for n in self.names])
+        return self._with_rows(state, self._rows([self.store.arrays[n] for n in self.names]))
 
     def saved(self, state: Any) -> Any:
-        """`state` with its row leaves the host store's `[C, ...]` arrays (written back)."""
+        """`state` with its `Rows` the host store's `[C, ...]` arrays (written back)."""
         self.write_back()
         return self.final_state(state)
 
     def restored(self, tree: Any) -> Any:
         """The device state of a checkpoint's `tree`; its rows go to the host store."""
-        leaves = self.treedef.flatten_up_to(tree)
-        rows = [np.asarray(a) for a, m in zip(leaves, self.mask, strict=True) if m]
+        _, leaves = self._leaves(tree)
+        rows = [np.asarray(a) for a in leaves]
         self.store.scatter(np.arange(self.num_clients), dict(zip(self.names, rows, strict=True)))
         self.prev = self.pending = None
+        nodes = self.treedef.flatten_up_to(tree)
         return self.treedef.unflatten(
             [
                 None if m else jax.device_put(a, self.device)
-                for a, m in zip(leaves, self.mask, strict=True)
+                for a, m in zip(nodes, self.mask, strict=True)
             ]
         )
 
@@ -379,15 +408,15 @@ def simulate_streamed(
     cohort as their population (`UniformCohorts`). `History.meta["streaming"]` holds the
     pipeline timings (`StreamStats`).
 
-    Per-client state rows (the leaves `algorithm.rows` marks: hook rows, aggregator
-    memories, asynchronous read models and memories):
+    Per-client state rows (the state's `core.rows.Rows`: hook rows, aggregator memories,
+    asynchronous read models and memories):
     - `state_rows="device"`: `[C, ...]` in the algorithm state on device.
     - `state_rows="host"`: `[C, ...]` in a `HostStore` (NumPy; memory-mapped files under
       `rows_dir` if given; `algorithm.init` builds them once in host RAM). The background
       thread gathers the rows of the union of each chunk's cohorts (padded with other
       clients to `U = min(C, T x M)` rows, one compiled shape) and the chunk runs on a
-      state whose row leaves are `CohortRows [U, ...]` (read and written by real client id;
-      keys and data use the real ids). A chunk's rows are gathered once the rows of the
+      state whose `Rows` are tables `[U, ...]` (read and written by real client id; keys
+      and data use the real ids). A chunk's rows are gathered once the rows of the
       chunk before the previous one are back on the host; the rows the previous chunk
       changed are taken from its device table (`_patch`), and its write-back runs while the
       next chunk computes. Bit for bit the `"device"` run, except statistics over all C
@@ -398,7 +427,7 @@ def simulate_streamed(
 
     Raises ValueError (before compiling) for settings a cohort view cannot serve: per-client
     or training-set evaluation, a plan over another population size, `prefetch < 1`, host
-    rows with a non-exact plan or an algorithm that does not declare its rows.
+    rows with a non-exact plan or an algorithm whose state holds no `Rows`.
     """
     options = run_options("simulate_streamed", options, num_rounds, evaluation.every)
     checkpoint_every = options["checkpoint_every"]
@@ -423,10 +452,9 @@ def simulate_streamed(
     if state_rows not in ("device", "host"):
         raise ValueError(f'state_rows must be "device" or "host", got {state_rows!r}')
     host_rows = state_rows == "host"
-    if host_rows and (not plan.exact or algorithm.rows is None):
+    if host_rows and not plan.exact:
         raise ValueError(
-            'state_rows="host" needs an exact cohort plan and an algorithm that declares its '
-            "per-client rows (Algorithm.rows)"
+            'state_rows="host" needs an exact cohort plan (the rows are read by real client id)'
         )
     if rows_dir is not None and not host_rows:
         raise ValueError('rows_dir holds host state rows: give it with state_rows="host"')

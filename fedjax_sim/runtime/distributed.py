@@ -2,18 +2,19 @@
 
 - One host, many devices: `mesh = client_mesh()` and `ClientMap(mesh=mesh)` shard every
   cohort over the `"clients"` axis; `simulate(..., mesh=mesh)` places the per-client arrays
-  (`place_run`: the data's rows and the state leaves an algorithm declares as rows) sharded by
-  client and everything else replicated.
+  (`place_run`: the data's rows and the state's `Rows`) sharded by client and everything
+  else replicated.
 - Many processes / hosts: call `initialize(...)` first in every process (coordinator
   address, process count and id from arguments or the `FEDJAX_SIM_*` environment; with the
   coordinator "auto", JAX auto-detects SLURM, Open MPI and Cloud TPU pods). The mesh then
-  spans the devices of all processes; `local_rows(data, mesh, C, rows=True)` keeps only this
-  process's clients and `globalize(local, mesh, C, rows=True)` assembles global arrays from
-  them.
+  spans the devices of all processes; `local_rows(data, mesh, C, all_rows=True)` keeps only
+  this process's clients and `globalize(local, mesh, C, all_rows=True)` assembles global
+  arrays from them.
 
-Which leaves are per-client is always declared (`rows`: a bool, or a tree of bools that is a
-prefix of the tree, such as `Algorithm.rows(state)`), never read off a shape: a model
-parameter whose first dimension happens to equal C stays replicated.
+Which leaves are per-client is declared by their type, never read off a shape: the leaves
+inside a `core.rows.Rows` (or every leaf, `all_rows=True`, for a `FederatedData`, whose
+arrays are all `[C, ...]`). A model parameter whose first dimension happens to equal C stays
+replicated.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from fedjax_sim.core.rows import is_rows
 from fedjax_sim.runtime.parallel import CLIENT_AXIS
 
 if TYPE_CHECKING:
@@ -92,10 +94,16 @@ def is_main_process() -> bool:
     return jax.process_index() == 0
 
 
-def _by_rows(fn: Callable[[Any, bool], Any], tree: Any, rows: Any) -> Any:
-    """`fn(leaf, per_client)` for every leaf of `tree`, `per_client` read from `rows` (a bool,
-    or a tree of bools that is a prefix of `tree`)."""
-    return jax.tree.map(lambda r, sub: jax.tree.map(lambda x: fn(x, bool(r)), sub), rows, tree)
+def _by_rows(fn: Callable[[Any, bool], Any], tree: Any, all_rows: bool) -> Any:
+    """`fn(leaf, per_client)` for every leaf of `tree`: `per_client` for the leaves inside a
+    `Rows` (every leaf with `all_rows`)."""
+
+    def node(x: Any) -> Any:
+        if is_rows(x):
+            return jax.tree.map(lambda a: fn(a, True), x)
+        return fn(x, all_rows)
+
+    return jax.tree.map(node, tree, is_leaf=is_rows)
 
 
 def _check_row(x: Any, num_clients: int) -> None:
@@ -105,11 +113,13 @@ def _check_row(x: Any, num_clients: int) -> None:
         )
 
 
-def place(tree: Any, mesh: Mesh, num_clients: int, *, rows: Any, axis: str = CLIENT_AXIS) -> Any:
-    """Puts the leaves `rows` declares per-client (`[num_clients, ...]`; a bool or a tree of
-    bools that is a prefix of `tree`) sharded over `axis` when the shards divide
-    `num_clients`, and every other leaf replicated. Leaves that are already global
-    multi-process arrays are kept. Placement never changes results, only where data lives."""
+def place(
+    tree: Any, mesh: Mesh, num_clients: int, *, all_rows: bool = False, axis: str = CLIENT_AXIS
+) -> Any:
+    """Puts the per-client leaves of `tree` (`[num_clients, ...]`: those inside a `Rows`,
+    or every leaf with `all_rows`) sharded over `axis` when the shards divide `num_clients`,
+    and every other leaf replicated. Leaves that are already global multi-process arrays are
+    kept. Placement never changes results, only where data lives."""
     shards = mesh.shape[axis]
 
     def put(x: Any, per_client: bool) -> Any:
@@ -120,17 +130,18 @@ def place(tree: Any, mesh: Mesh, num_clients: int, *, rows: Any, axis: str = CLI
         sharded = per_client and num_clients % shards == 0
         return jax.device_put(x, NamedSharding(mesh, P(axis) if sharded else P()))
 
-    return _by_rows(put, tree, rows)
+    return _by_rows(put, tree, all_rows)
 
 
 def place_run(
-    state: Any, data: FederatedData, mesh: Mesh, *, rows: Any, axis: str = CLIENT_AXIS
+    state: Any, data: FederatedData, mesh: Mesh, *, axis: str = CLIENT_AXIS
 ) -> tuple[Any, FederatedData]:
     """`(state, data)` of a sharded run: every data array (a `FederatedData` holds `[C, ...]`
-    arrays only) and the state leaves `rows` declares (`algorithms.core.declared_rows`)
-    sharded over `axis`; the rest of the state (`rows=False`: all of it) replicated."""
+    arrays only) and the state's `Rows` sharded over `axis`; the rest of the state
+    replicated."""
     c = data.num_clients
-    return place(state, mesh, c, rows=rows, axis=axis), place(data, mesh, c, rows=True, axis=axis)
+    state = place(state, mesh, c, axis=axis)
+    return state, place(data, mesh, c, all_rows=True, axis=axis)
 
 
 def process_rows(num_clients: int, mesh: Mesh, axis: str = CLIENT_AXIS) -> tuple[int, int]:
@@ -151,9 +162,10 @@ def process_rows(num_clients: int, mesh: Mesh, axis: str = CLIENT_AXIS) -> tuple
 
 
 def local_rows(
-    tree: Any, mesh: Mesh, num_clients: int, *, rows: Any, axis: str = CLIENT_AXIS
+    tree: Any, mesh: Mesh, num_clients: int, *, all_rows: bool = False, axis: str = CLIENT_AXIS
 ) -> Any:
-    """This process's rows of every leaf `rows` declares per-client (others unchanged)."""
+    """This process's rows of every per-client leaf (inside a `Rows`, or every leaf with
+    `all_rows`); other leaves unchanged."""
     start, stop = process_rows(num_clients, mesh, axis)
 
     def take(x: Any, per_client: bool) -> Any:
@@ -162,15 +174,16 @@ def local_rows(
         _check_row(x, num_clients)
         return x[start:stop]
 
-    return _by_rows(take, tree, rows)
+    return _by_rows(take, tree, all_rows)
 
 
 def globalize(
-    local: Any, mesh: Mesh, num_clients: int, *, rows: Any, axis: str = CLIENT_AXIS
+    local: Any, mesh: Mesh, num_clients: int, *, all_rows: bool = False, axis: str = CLIENT_AXIS
 ) -> Any:
-    """Global arrays from each process's rows: the leaves `rows` declares per-client (this
-    process's rows of them) become `[num_clients, ...]` arrays sharded over `axis`; other
-    leaves are replicated (every process must pass the same values for them)."""
+    """Global arrays from each process's rows: the per-client leaves (inside a `Rows`, or
+    every leaf with `all_rows`; this process's rows of them) become `[num_clients, ...]`
+    arrays sharded over `axis`; other leaves are replicated (every process must pass the same
+    values for them)."""
     start, stop = process_rows(num_clients, mesh, axis)
 
     def make(x: Any, per_client: bool) -> jax.Array:
@@ -181,7 +194,7 @@ def globalize(
         sharding = NamedSharding(mesh, P(axis))
         return jax.make_array_from_process_local_data(sharding, x, (num_clients, *x.shape[1:]))
 
-    return _by_rows(make, local, rows)
+    return _by_rows(make, local, all_rows)
 
 
 def fetch(tree: Any) -> Any:

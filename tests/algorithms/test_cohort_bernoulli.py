@@ -1,17 +1,17 @@
-"""Bernoulli participation (`CohortSpec(sampling="bernoulli")`, `events.bernoulli_cohort`):
+"""Bernoulli participation (`CohortSpec(sampling="bernoulli")`, `cohorts.bernoulli`):
 distinct ids, selected clients first, capacity, empty rounds and the participation rate."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_sim.algorithms import cohorts
 from fedjax_sim.algorithms.core import CohortSpec
-from fedjax_sim.algorithms.events import bernoulli_cohort
 
 
 def test_buffer_layout_and_participation_rate():
     num, p, cap = 50, 0.1, 12
-    draw = jax.jit(jax.vmap(lambda k: bernoulli_cohort(k, num, p, cap)))
+    draw = jax.jit(jax.vmap(lambda k: cohorts.bernoulli(k, num, p, cap)))
     ids, selected = map(np.asarray, draw(jax.random.split(jax.random.key(0), 4000)))
     assert ids.shape == (4000, cap)
     assert all(len(set(row)) == cap for row in ids)  # distinct: safe for .at[idx].set
@@ -31,6 +31,6 @@ def test_cohort_spec_weights_zero_for_padding_and_empty_clients():
     spec = CohortSpec(sampling="bernoulli", probability=0.5)
     for seed in range(5):
         ids, weights = spec.sample(jax.random.key(seed), counts)
-        _, selected = bernoulli_cohort(jax.random.key(seed), 6, 0.5)
+        _, selected = cohorts.bernoulli(jax.random.key(seed), 6, 0.5)
         np.testing.assert_array_equal(ids, np.arange(6))  # capacity None: all clients
         np.testing.assert_array_equal(weights, np.where(selected, counts, 0))

@@ -7,6 +7,7 @@ import numpy as np
 import optax
 import pytest
 
+from fedjax_sim.algorithms import cohorts
 from fedjax_sim.algorithms.core import (
     CohortSpec,
     LocalSpec,
@@ -16,7 +17,6 @@ from fedjax_sim.algorithms.core import (
     map_cohort,
     weighted_mean,
 )
-from fedjax_sim.algorithms.events import sample_cohort
 from fedjax_sim.data import ClientData, least_squares
 from fedjax_sim.models import linear_regression
 from fedjax_sim.runtime.parallel import ClientMap
@@ -239,7 +239,7 @@ def test_stragglers_exact_count_and_partial_work():
 
 def test_uniform_cohort_is_without_replacement_and_uniform():
     keys = jax.random.split(jax.random.key(0), 4000)
-    draws = np.asarray(jax.vmap(lambda k: sample_cohort(k, 20, 5))(keys))
+    draws = np.asarray(jax.vmap(lambda k: cohorts.uniform(k, 20, 5))(keys))
     assert all(len(set(row)) == 5 for row in draws[:200])
     freq = np.bincount(draws.ravel(), minlength=20) / draws.size
     # appearances ~ Binomial(4000, 1/4): sd of freq = sqrt(4000 * 3/16) / 20000 = 0.00137
@@ -249,9 +249,7 @@ def test_uniform_cohort_is_without_replacement_and_uniform():
 def test_proportional_cohort_frequency_follows_counts():
     counts = jnp.array([1, 2, 3, 4, 0, 10])
     keys = jax.random.split(jax.random.key(1), 3000)
-    draws = np.asarray(
-        jax.vmap(lambda k: sample_cohort(k, 6, 4, sampling="proportional", counts=counts))(keys)
-    )
+    draws = np.asarray(jax.vmap(lambda k: cohorts.proportional(k, counts, 4))(keys))
     freq = np.bincount(draws.ravel(), minlength=6) / draws.size
     np.testing.assert_allclose(freq, np.asarray(counts) / 20, atol=0.02)  # ~4 sd
     assert freq[4] == 0.0

@@ -113,7 +113,7 @@ def threshold(state):
 
 
 def u_of(state):
-    return state.rows["cvar" if "cvar" in state.rows else "kl"]
+    return state.rows["cvar" if "cvar" in state.rows else "kl"].value
 
 
 def m_of(state):

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fedjax_sim import algorithms, models
-from fedjax_sim.algorithms.core import Algorithm, CohortSpec, LocalSpec, declared_rows
+from fedjax_sim.algorithms.core import Algorithm, CohortSpec, LocalSpec
 from fedjax_sim.app.config import hyper_parameters
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.base import Model
@@ -328,9 +328,7 @@ def build(w: Workload, seed: int = 0) -> Built:
     key = jax.random.key(seed)
     state = alg.init(model.init(key), key)
     if w.devices > 1:  # per-client data and state live sharded, as in a real sharded run
-        state, data = distributed.place_run(
-            state, data, client_mesh(w.devices), rows=declared_rows(alg, state)
-        )
+        state, data = distributed.place_run(state, data, client_mesh(w.devices))
     return Built(model, data, alg, state, key)
 
 
