@@ -373,3 +373,19 @@ def test_bad_settings_are_refused_before_compiling(problem):
     bad = differentiable_run(make_scheduled, lambda s: s.params["w"], num_rounds=3)
     with pytest.raises(ValueError, match="the objective must return a real scalar"):
         bad.value({"lrs": jnp.full(3, 0.1), "server_lr": 1.0}, start(), data, key)
+
+
+def test_readme_gradients_example_runs():
+    """The README's example of `differentiable_run` runs as written (its python block)."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split("### Gradients through rounds", 1)[1].split("\n### ", 1)[0]
+    (block,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    namespace: dict = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    grads, loss = namespace["grads"], namespace["loss"]
+    assert grads.hparams["lrs"].shape == (10,) and np.isfinite(float(loss))
+    assert np.all(np.isfinite(np.asarray(grads.hparams["lrs"])))
+    assert float(grads.hparams["lrs"][0]) < 0  # a larger early lr lowers the loss
