@@ -33,7 +33,9 @@ from collections.abc import Iterable
 from typing import Any
 
 UNKNOWN = "unknown (recorded before the schema)"
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)  # fedjax_sim/app/bench/results.py -> the repository
 RESULTS = os.path.join(REPO, "benchmarks", "results")
 
 NUM = (int, float)
