@@ -370,6 +370,11 @@ def test_bad_settings_are_refused_before_compiling(problem):
         run.value_and_grad(
             {"lrs": jnp.full(3, 0.1), "server_lr": 1.0}, {"w": jnp.zeros(3, jnp.int32)}, data, key
         )
+    static = differentiable_run(
+        lambda hp: fedavg(MODEL.loss, local=LocalSpec(steps=hp["steps"])), obj, num_rounds=3
+    )
+    with pytest.raises(ValueError, match=r"does not accept traced hyper-parameters \["):
+        static.value({"steps": 2.0}, start(), data, key)
     bad = differentiable_run(make_scheduled, lambda s: s.params["w"], num_rounds=3)
     with pytest.raises(ValueError, match="the objective must return a real scalar"):
         bad.value({"lrs": jnp.full(3, 0.1), "server_lr": 1.0}, start(), data, key)

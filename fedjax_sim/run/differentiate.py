@@ -55,6 +55,12 @@ MakeAlgorithm = Callable[[HParams], Algorithm]
 Objective = Callable[[Any], jax.Array]  # final state -> scalar
 Mode = Literal["reverse", "forward"]
 WRT = ("hparams", "params")
+TRACER_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerBoolConversionError,
+)
 
 
 class Gradients(NamedTuple):
@@ -298,22 +304,32 @@ class DifferentiableRun:
             params = _numeric_leaves("params", params, None)
         return hparams, params
 
+    def _call(self, fn, hparams, params, data, key):
+        hparams, params = self._inputs(hparams, params)
+        try:
+            return fn(hparams, params, data, key)
+        except TRACER_ERRORS as e:
+            first = str(e).strip().split("\n")[0]
+            names = sorted(
+                jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(hparams)[0]
+            )
+            raise ValueError(
+                f"the algorithm does not accept traced hyper-parameters {names}: {first}"
+            ) from None
+
     def value(self, hparams: HParams, params: Any, data: FederatedData, key: jax.Array):
         """The objective after T rounds (forward only)."""
-        hparams, params = self._inputs(hparams, params)
-        return self._value(hparams, params, data, key)
+        return self._call(self._value, hparams, params, data, key)
 
     def value_and_grad(
         self, hparams: HParams, params: Any, data: FederatedData, key: jax.Array
     ) -> tuple[jax.Array, Gradients]:
         """`(objective, Gradients(hparams=..., params=...))` after T rounds."""
-        hparams, params = self._inputs(hparams, params)
-        return self._value_and_grad(hparams, params, data, key)
+        return self._call(self._value_and_grad, hparams, params, data, key)
 
     def final_state(self, hparams: HParams, params: Any, data: FederatedData, key: jax.Array):
         """The final state of the run (as `simulate(..., return_state=True)`)."""
-        hparams, params = self._inputs(hparams, params)
-        return self._final(hparams, params, data, key)
+        return self._call(self._final, hparams, params, data, key)
 
 
 def differentiable_run(
