@@ -36,18 +36,24 @@ def test_tuner_moves_too_small_lr_up_and_too_large_lr_down():
     tuner = hypergradient_tuner(
         make, central_loss(MODEL, val), num_rounds=30, spec=TunerSpec(step_size=0.1)
     )
-    start = {"client_lr": jnp.array([0.005, 0.5]), "server_lr": jnp.array([1.0, 1.0])}
-    keys = jax.vmap(jax.random.key)(jnp.arange(2))
+    # 0.005 is 10x too small, 0.5 10x too large, 5.0 diverges in its first round
+    start = {"client_lr": jnp.array([0.005, 0.5, 5.0]), "server_lr": jnp.ones(3)}
+    keys = jax.vmap(jax.random.key)(jnp.arange(3))
     result = tuner.many(start, MODEL.init(None), problem.data, keys)
     lr = np.asarray(result.trace["hparams"]["client_lr"] * result.trace["hparams"]["server_lr"])
-    assert lr.shape == (2, 30)
+    assert lr.shape == (3, 30)
     assert lr[0, 0] == pytest.approx(0.005) and lr[1, 0] == pytest.approx(0.5)
     # the effective step (client lr x server lr) moves by more than 2x toward the good range
     assert lr[0, -1] > 2 * 0.005 and lr[1, -1] < 0.5 / 2
-    assert np.all(np.isfinite(np.asarray(result.trace["objective"])))
-    # ... and the tuned runs end with a lower validation loss than they started with
     obj = np.asarray(result.trace["objective"])
-    assert np.all(obj[:, -5:].mean(axis=1) < obj[:, 0])
+    diverged = np.asarray(result.trace["diverged"])
+    assert np.all(np.isfinite(obj[:2])) and not diverged[:2].any()
+    # ... and the tuned runs end with a lower validation loss than they started with
+    assert np.all(obj[:2, -5:].mean(axis=1) < obj[:2, 0])
+    # the diverging start: its windows are undone and the values halved until it trains
+    assert diverged[2, 0] and not diverged[2, -10:].any() and lr[2, -1] < 0.5
+    assert np.isfinite(obj[2, -1]) and obj[2, -1] < obj[1, 0]
+    assert np.all(np.isfinite(np.asarray(result.state.params["w"])))
 
 
 def test_tuner_errors():
@@ -56,6 +62,10 @@ def test_tuner_errors():
         hypergradient_tuner(make, obj, num_rounds=10, spec=TunerSpec(window=4))
     with pytest.raises(ValueError, match="step_size must be > 0"):
         TunerSpec(step_size=0.0)
+    with pytest.raises(ValueError, match="divergence must be > 1"):
+        TunerSpec(divergence=0.5)
+    with pytest.raises(ValueError, match="backoff must be > 1"):
+        TunerSpec(backoff=1.0)
     with pytest.raises(ValueError, match="need 0 < lower < upper"):
         TunerSpec(lower=1.0, upper=0.5)
     tuner = hypergradient_tuner(make, obj, num_rounds=2)

@@ -13,7 +13,11 @@ Automatic Differentiation", JMLR 2024; their FedAvg with hypergradients) with tw
 differences, stated: the hypergradient is that of a validation objective given by the caller
 (any function of the state, e.g. `differentiate.clients_loss` on held-out clients or
 `central_loss`), not the next cohort's training loss, and the update is Adam on log values
-(scale-free, positive), clipped to `[lower, upper]`. Known bias: a short horizon (window 1)
+(scale-free, positive), clipped to `[lower, upper]`, and a window that diverges (a
+non-finite model, objective or hypergradient, or an objective 10x the last accepted one)
+is undone and the values divided by
+`backoff` (a safeguard of ours: a 10x too large learning rate can diverge in one round,
+after which no gradient is informative). Known bias: a short horizon (window 1)
 favours smaller learning rates than the best fixed one (Wu et al., "Understanding
 Short-Horizon Bias in Stochastic Meta-Optimization", ICLR 2018).
 
@@ -34,6 +38,7 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from fedjax_sim.algorithms.core import tree_all_finite
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.run.differentiate import (
     MakeAlgorithm,
@@ -54,6 +59,11 @@ class TunerSpec:
       window: rounds unrolled per hypergradient (the tuner updates every `window` rounds).
       b1, b2, eps: Adam's moment rates and epsilon.
       lower, upper: bounds on every tuned value.
+      backoff, divergence: after a window that diverged (a non-finite model, objective or
+        hypergradient, or an objective above `divergence` times the last accepted one,
+        initially the objective of the initial state), the state before it is kept and
+        every tuned value is divided by `backoff` (the rounds of that window still count
+        as work done).
     """
 
     step_size: float = 0.05
@@ -63,6 +73,8 @@ class TunerSpec:
     eps: float = 1e-8
     lower: float = 1e-5
     upper: float = 10.0
+    backoff: float = 2.0
+    divergence: float = 10.0
 
     def __post_init__(self):
         if not (isinstance(self.step_size, int | float) and self.step_size > 0):
@@ -71,6 +83,10 @@ class TunerSpec:
         for name in ("b1", "b2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not self.divergence > 1:
+            raise ValueError(f"divergence must be > 1, got {self.divergence}")
+        if not self.backoff > 1:
+            raise ValueError(f"backoff must be > 1, got {self.backoff}")
         if not 0 < self.lower < self.upper:
             raise ValueError(f"need 0 < lower < upper, got {self.lower}, {self.upper}")
 
@@ -78,7 +94,8 @@ class TunerSpec:
 class TuneResult(NamedTuple):
     """`state`: the final algorithm state; `hparams`: the tuned values at the end; `trace`:
     per update `[U, ...]` the values used (`hparams`), the objective after the window
-    (`objective`) and the hypergradient w.r.t. the log values (`hypergradient`)."""
+    (`objective`), the hypergradient w.r.t. the log values (`hypergradient`) and whether
+    the window diverged and was undone (`diverged`)."""
 
     state: Any
     hparams: Any
@@ -108,7 +125,7 @@ class Tuner:
         state = make(hparams).init(params, key)
 
         def update(carry, _):
-            state, log_hp, opt_state = carry
+            state, log_hp, opt_state, ref = carry
 
             def f(log_hp):
                 algorithm = make(jax.tree.map(jnp.exp, log_hp))
@@ -116,22 +133,33 @@ class Tuner:
                 return self.objective(new), new
 
             (value, new), grad = jax.value_and_grad(f, has_aux=True)(log_hp)
-            # a non-finite hypergradient (a diverged window) moves nothing
-            grad = jax.tree.map(lambda g: jnp.where(jnp.isfinite(g), g, 0.0), grad)
-            updates, opt_state = opt.update(grad, opt_state)
+            finite = jnp.isfinite(value) & tree_all_finite(new.params)
+            finite &= tree_all_finite(grad) & (value <= spec.divergence * ref)
+            grad = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grad)
+            updates, adam = opt.update(grad, opt_state)
+            stepped = optax.apply_updates(log_hp, updates)
+            # a diverged window (non-finite model, objective or hypergradient, or the
+            # objective `divergence` times the last accepted one) is undone:
+            # the state before it is kept and every tuned value is divided by `backoff`
+            backed = jax.tree.map(lambda v: v - math.log(spec.backoff), log_hp)
             new_log = jax.tree.map(
-                lambda v: jnp.clip(v, lo, hi), optax.apply_updates(log_hp, updates)
+                lambda a, b: jnp.clip(jnp.where(finite, a, b), lo, hi), stepped, backed
             )
+            keep = lambda a, b: jnp.where(finite, a, b)  # noqa: E731
+            state_out = jax.tree.map(keep, new, state)
+            opt_state = jax.tree.map(keep, adam, opt_state)
             used = jax.tree.map(jnp.exp, log_hp)
-            return (new, new_log, opt_state), {
+            ref = jnp.where(finite, value, ref)
+            return (state_out, new_log, opt_state, ref), {
                 "hparams": used,
                 "objective": value,
                 "hypergradient": grad,
+                "diverged": ~finite,
             }
 
-        (state, log_hp, _), trace = lax.scan(
+        (state, log_hp, _, _), trace = lax.scan(
             update,
-            (state, log_hp, opt.init(log_hp)),
+            (state, log_hp, opt.init(log_hp), self.objective(state)),
             None,
             length=self.num_rounds // spec.window,
         )
