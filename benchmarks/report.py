@@ -352,6 +352,25 @@ def donation(r: Row) -> bool:
     return r["args"].get("cohort") == 20
 
 
+def hypergradient_notes(rows: list[Row]) -> list[str]:
+    """How memory and time grow with T: the factor per 10x rounds of each variant."""
+    by = {(r["variant"], r["rounds"]): r for r in rows}
+    lines = []
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        ts = sorted(t for v, t in by if v == variant)
+
+        def growth(field: str, a: int, b: int, variant: str = variant) -> str:
+            return times(ratio(by[variant, b][field], by[variant, a][field]))
+
+        steps = [
+            f"T {a} -> {b}: memory {growth('xla_temp_bytes', a, b)}, time {growth('run_s', a, b)}"
+            for a, b in zip(ts, ts[1:], strict=False)
+        ]
+        if steps:
+            lines.append(f"{variant}: " + "; ".join(steps))
+    return lines
+
+
 TABLES: dict[str, Table] = {
     "round_throughput": Table(BENCH, summary=round_throughput_summary),
     "baselines": Table(BENCH, summary=baselines_summary),
@@ -544,6 +563,18 @@ TABLES: dict[str, Table] = {
         suites=("h100_projection",),
         pivot=h100_plan,
         notes=h100_plan_notes,
+    ),
+    "hypergradient_cost": Table(
+        notes=hypergradient_notes,
+        columns=[
+            ("configuration", lambda r: r["label"]),
+            ("compile s", key("compile_s")),
+            ("run s (median)", key("run_s")),
+            ("ms/round", lambda r: num(1000 * r["s_per_round"])),
+            ("x forward", lambda r: times(r.get("ratio_to_forward"))),
+            ("remat chunk", key("remat_rounds")),
+            ("XLA temp MiB", lambda r: num((r.get("xla_temp_bytes") or 0) / 2**20)),
+        ],
     ),
     "traced_hparams_scan": Table(
         [

@@ -38,6 +38,7 @@ def test_the_notebooks_exist():
         "04_paper_algorithms",
         "05_privacy_robustness",
         "06_sweeps",
+        "07_hypergradients",
     }
     assert expected <= set(NOTEBOOKS)
 

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_sim.algorithms.aggregators import Aggregator
-from fedjax_sim.algorithms.core import CohortSpec
+from fedjax_sim.algorithms.core import CohortSpec, float_dtype
 from fedjax_sim.core import extras
 from fedjax_sim.core.checks import non_negative, positive
 from fedjax_sim.data.federated import tree_size_bytes
@@ -124,7 +124,7 @@ def dp_mean(
     m = float(expected_cohort)
 
     def init(params, num_clients):
-        return {"clip": jnp.float32(clip_norm)}, {}
+        return {"clip": jnp.asarray(clip_norm, float_dtype())}, {}
 
     def encode(update, rows, key, server):
         c = server["clip"]
@@ -149,7 +149,7 @@ def dp_mean(
             b_bar = (count + sigma_b * jax.random.normal(k_count, ())) / m + 0.5
             c = c * jnp.exp(-adaptive.learning_rate * (b_bar - adaptive.target_quantile))
             metrics["dp_unclipped_fraction"] = b_bar
-        return update, {"clip": c.astype(jnp.float32)}, metrics
+        return update, {"clip": c.astype(float_dtype())}, metrics
 
     return Aggregator(
         init=init,

@@ -1,0 +1,109 @@
+"""Cost of gradients through rounds (issue 36): time and memory of value-and-gradient
+(w.r.t. the client and server learning rates and the initial model) vs the forward value
+only, after T rounds of the default job (`RunConfig()`: FedAvg, digits, MLP 64, 100 clients,
+cohort 10, 10 local steps of batch 16), objective the central test loss, with and without
+rematerialisation (`remat="sqrt"`: chunks of ceil(sqrt(T)) rounds under `jax.checkpoint`).
+
+Per configuration: compile seconds, run seconds (median of `--repeats`, after the compiled
+first call), and XLA's buffer assignment of the compiled program (`memory_analysis()`: temp
+bytes, the working set besides inputs and outputs; its peak is what the backward pass's
+residuals cost). One row per (T, variant) in benchmarks/results/hypergradient_cost.jsonl
+(`--out` elsewhere; a re-run replaces the rows it measures again).
+
+    PYTHONPATH=$PWD nice -n 5 python benchmarks/hypergradient_cost.py --rounds 10 100 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("FEDJAX_SIM_AUTOTUNE", "0")  # the static ClientMap rule: no timing noise
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from fedjax_sim.app.bench.results import Recorder  # noqa: E402
+from fedjax_sim.app.config import RunConfig  # noqa: E402
+from fedjax_sim.app.sweep_cli import build_sweep  # noqa: E402
+from fedjax_sim.run.differentiate import (  # noqa: E402
+    central_loss,
+    differentiable_run,
+    initial_params,
+    remat_length,
+)
+
+VARIANTS = {  # label -> (gradient?, remat)
+    "forward": (False, None),
+    "value_and_grad": (True, None),
+    "value_and_grad remat=sqrt": (True, "sqrt"),
+}
+
+
+def measure(fn, args, repeats: int) -> tuple[float, float, list[float], int | None]:
+    """(compile s, median s, all s, XLA temp bytes) of `jit`ted `fn(*args)`."""
+    t0 = time.perf_counter()
+    compiled = fn.lower(*args).compile()
+    compile_s = time.perf_counter() - t0
+    try:
+        temp = int(compiled.memory_analysis().temp_size_in_bytes)
+    except Exception:  # a backend without memory analysis
+        temp = None
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        times.append(time.perf_counter() - t0)
+    return compile_s, statistics.median(times), times, temp
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, nargs="+", default=[10, 100, 1000])
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--out", help="default benchmarks/results/hypergradient_cost.jsonl")
+    args = p.parse_args()
+    rec = Recorder("hypergradient_cost", args.out)
+    cfg = RunConfig()
+    grid = {"client_lr": [cfg.client_lr], "server_lr": [cfg.server_lr]}
+    dataset, model, make_algorithm, client_map = build_sweep(cfg, grid, explicit=set())
+    key = jax.random.key(cfg.seed)
+    params = initial_params(model, key)
+    hparams = {"client_lr": jnp.float32(cfg.client_lr), "server_lr": jnp.float32(cfg.server_lr)}
+    objective = central_loss(model, dataset.test)
+    for rounds in args.rounds:
+        forward_s = None
+        for label in args.variants:
+            grad, remat = VARIANTS[label]
+            run = differentiable_run(make_algorithm, objective, num_rounds=rounds, remat=remat)
+            fn = run._value_and_grad if grad else run._value
+            compile_s, median, all_s, temp = measure(
+                fn, (hparams, params, dataset.train, key), args.repeats
+            )
+            if not grad:
+                forward_s = median
+            row = {
+                "rounds": rounds,
+                "variant": label,
+                "gradient": grad,
+                "remat_rounds": remat_length(remat, rounds),
+                "compile_s": compile_s,
+                "run_s": median,
+                "run_s_all": all_s,
+                "s_per_round": median / rounds,
+                "ratio_to_forward": None if forward_s is None else median / forward_s,
+                "xla_temp_bytes": temp,
+                "client_map": str(client_map),
+                "job": "RunConfig() defaults: fedavg, digits, mlp (64,), 100 clients, cohort "
+                "10, 10 local steps, batch 16; objective: central test loss",
+            }
+            print({k: v for k, v in row.items() if k != "job"}, flush=True)
+            rec.add(f"T={rounds} {label}", **row)
+            rec.write()
+
+
+if __name__ == "__main__":
+    main()
