@@ -1,6 +1,6 @@
 """Tables of the multi-seed `area_logistic.py` runs (`logistic_K<K>_<tag>_<setting>.json`).
 
-    PYTHONPATH=. python experiments/area_report.py [--tag seeds10] [--local-steps 50]
+    PYTHONPATH=. python experiments/area_report.py [--tag seeds10_full60k] [--local-steps 50]
 Writes experiments/results/area/logistic_<tag>.md (K = 1) or logistic_K<K>_<tag>.md: per clock
 setting and method, the step size chosen by each selection rule, the normalised loss
 (f - f*) / (f(0) - f*) and the test accuracy at 10 / 25 / 50 / 100 % of the horizon (mean +- std
@@ -38,7 +38,7 @@ def paired(area: dict, other: dict, field: str, lower_is_better: bool) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tag", default="seeds10")
+    ap.add_argument("--tag", default="seeds10_full60k")
     ap.add_argument("--local-steps", type=int, default=1, help="K of the runs to tabulate")
     args = ap.parse_args()
     out = []

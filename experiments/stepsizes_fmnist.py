@@ -21,7 +21,8 @@ With `--seeds N` every algorithm x split is one `fedjax_sim.run.sweep.sweep` ove
 the partition stays the one of `--seed`), written to
 `<out>/sweep_<schedule><tag>/<algorithm>_<split>/` (histories.json, runs.csv, summary.csv,
 summary.md, sweep.png with the 95% CI band) plus `<out>/sweep_<schedule><tag>.json` (every
-run's curve and the mean / std / CI of the final accuracy per cell).
+run's curve and the mean / std / CI of the final accuracy per cell), written atomically once
+every cell is done (progress meanwhile: `<out>/sweep_<schedule><tag>.json.partial`).
 """
 
 from __future__ import annotations
@@ -252,9 +253,21 @@ def run_sweeps(args, model, schedule, client_map, data, evaluate) -> None:
                 f"({seconds:.0f} s)",
                 flush=True,
             )
-            os.makedirs(args.out, exist_ok=True)
-            with open(os.path.join(args.out, f"{name}.json"), "w") as f:
-                json.dump(results, f, indent=1)
+            # progress after every cell goes to `<name>.json.partial`; `<name>.json` appears
+            # (atomically) only once every cell is done, so a reader never sees a half run
+            write_atomic(os.path.join(args.out, f"{name}.json.partial"), results)
+    final = os.path.join(args.out, f"{name}.json")
+    write_atomic(final, results)
+    os.remove(final + ".partial")
+
+
+def write_atomic(path: str, results: dict) -> None:
+    """Writes `results` as JSON to `path` via a temporary file and `os.replace`."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -180,6 +180,8 @@ def paired_table(sweeps: dict[str, dict]) -> str:
     pairs.sort(key=lambda ab: (ab[0][0], order[ab[0][1]], ab[0][2], ab[1][2], ab[0][3]))
     for a, b in pairs:
         seeds = sorted(set(a[5]) & set(b[5]))
+        if not seeds:  # e.g. fresh seeds 5-9 against a run of seeds 0-4: nothing to pair
+            continue
         d = 100 * np.array([a[5][s] - b[5][s] for s in seeds])
         mean, half, std = mean_ci(d)
         sched, k, t, batch = a[0]

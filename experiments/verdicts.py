@@ -22,7 +22,11 @@ paper's number, else not reproduced; the CI's width says how sharp that test is.
 A claim against every baseline ("beats every baseline", "is worse than every baseline") is
 tested against the baseline whose paired CI bound on the paper's side is least favourable to
 the claim (`least_favourable`), not the one with the best mean.
-A row whose files are not committed is "not run" (its reason and cost in the row).
+A row whose files are not committed is "not run" (its reason and cost in the row); so is a
+row whose file is there but incomplete (truncated JSON, a missing cell, fewer runs or rounds
+than its config asks for: `IncompleteResult`), with that reason. Experiment scripts write
+their result file only when the run is done (`stepsizes_fmnist.py`: `<name>.json.partial`
+until then), so a run in progress leaves the table as it was.
 """
 
 from __future__ import annotations
@@ -41,7 +45,6 @@ sys.path.insert(0, os.path.dirname(__file__))  # the report scripts are siblings
 import fedlps_report  # noqa: E402
 import fedmim_report  # noqa: E402
 import fgdro_report  # noqa: E402
-import stepsizes_report  # noqa: E402
 
 from fedjax_sim.run.convergence import rounds_to_target, speedup  # noqa: E402
 from fedjax_sim.run.sweep import mean_ci  # noqa: E402
@@ -122,9 +125,18 @@ def summary(v: np.ndarray, d: int, unit: str, sign: int, null: float) -> str:
 
 
 # ---------------------------------------------------------------------------------- loaders
+class IncompleteResult(Exception):
+    """A result file that is there but not finished (truncated, or missing runs / cells): its
+    row is shown as not run, with the reason."""
+
+
 def _json(rel: str) -> dict:
     with open(os.path.join(RESULTS, rel)) as f:
-        return json.load(f)
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            why = f"`{rel}` is not valid JSON ({e.msg}; still being written?)"
+            raise IncompleteResult(why) from e
 
 
 def _paired(a: dict, b: dict) -> np.ndarray:
@@ -217,16 +229,33 @@ def fedmim_fresh(part: str, b: str) -> np.ndarray:
 
 # step sizes: final test accuracy per seed of one sweep cell
 @functools.cache
-def _step_sweeps() -> dict[str, dict]:
-    return stepsizes_report.load_sweeps(os.path.join(RESULTS, "stepsizes"))
+def _step_sweep(name: str) -> dict:
+    """`stepsizes/sweep_<name>.json`, checked complete (`check_sweep`)."""
+    rel = f"stepsizes/sweep_{name}.json"
+    res = _json(rel)
+    check_sweep(rel, res)
+    return res
+
+
+def check_sweep(rel: str, res: dict) -> None:
+    """IncompleteResult unless `res` (a `stepsizes_fmnist.py --seeds` file) has every cell its
+    config asks for (algorithms x partitions), each with `seeds` runs that reach `rounds`."""
+    cfg, cells = res.get("config", {}), res.get("cells", {})
+    want = [f"{a}|{p}" for a in cfg.get("algorithms", ()) for p in cfg.get("partitions", ())]
+    missing = [c for c in want if c not in cells]
+    if missing:
+        raise IncompleteResult(f"`{rel}` lacks cell(s) {', '.join(missing)}")
+    for key, cell in cells.items():
+        runs = cell.get("runs", [])
+        if cfg.get("seeds") is not None and len(runs) != cfg["seeds"]:
+            raise IncompleteResult(f"`{rel}` cell {key} has {len(runs)} of {cfg['seeds']} runs")
+        if any(not r["round"] or r["round"][-1] != cfg.get("rounds") for r in runs):
+            raise IncompleteResult(f"`{rel}` cell {key} stops before round {cfg.get('rounds')}")
 
 
 def step(name: str, alg: str, part: str) -> dict:
-    sweeps = _step_sweeps()
-    if name not in sweeps:
-        raise FileNotFoundError(f"stepsizes/sweep_{name}.json")
-    res = sweeps[name]
-    return {r["seed"]: 100 * r["test_accuracy"][-1] for r in res["cells"][f"{alg}|{part}"]["runs"]}
+    runs = _step_sweep(name)["cells"][f"{alg}|{part}"]["runs"]
+    return {r["seed"]: 100 * r["test_accuracy"][-1] for r in runs}
 
 
 def step_diff(a: tuple[str, str], b: tuple[str, str], part: str) -> Callable[[], np.ndarray]:
@@ -316,7 +345,8 @@ def lps_retarget(stem: str, beta: float) -> np.ndarray:
 AREA_FIG1 = "logistic_K1_seeds10_full60k"
 AREA_FIG2 = "logistic_K50_seeds10_full60k_h10grid"
 AREA_DIFF = ("Fashion-MNIST (the paper: MNIST), Dirichlet(0.1), n = 128, step size per "
-             "method from a 3-value grid (time-averaged loss rule), same seeds")  # fmt: skip
+             "method from a 3-value grid (time-averaged loss rule), every method on the same "
+             "seeds")  # fmt: skip
 AREA_DIFF2 = AREA_DIFF + "; horizon 10 (the K = 1 runs' 20: halved)"
 QUAD_NOT_RUN = (
     "not run (~400 s): `area_quadratic.py` (now writes `area/quadratic_runs.json`; the "
@@ -369,6 +399,8 @@ FG_R60_IND = (
 
 LPS_DIFF = ("sklearn digits (the paper: FEMNIST), 20 clients, logistic, partition 0, target "
             "0.9")  # fmt: skip
+LPS_FMNIST = ("Fashion-MNIST 20,000-image pool (the paper: FEMNIST), 50 clients, logistic, "
+              "partition 0, target 0.78")  # fmt: skip
 LPS_NOSEL = "no selection: beta and the step size are fixed in advance"
 LPS_SIZE = ("our FedAvg reaches the target in about half the paper's rounds (an easier "
             "problem, smaller room for a speed-up)")  # fmt: skip
@@ -915,14 +947,7 @@ ROWS: list[Row] = [
     ),  # fmt: skip
     # ---- FedLPS
     _lps("sweep_digits_logistic", "imbalanced", 0.5, 1.6, LPS_DIFF, LPS_SIZE),
-    _lps(
-        "sweep_fashion_mnist_logistic",
-        "imbalanced",
-        0.5,
-        1.6,
-        "Fashion-MNIST 20,000-image pool (the paper: FEMNIST), logistic, partition 0, target 0.78",
-        LPS_SIZE,
-    ),  # fmt: skip
+    _lps("sweep_fashion_mnist_logistic", "imbalanced", 0.5, 1.6, LPS_FMNIST, LPS_SIZE),
     Row(
         "FedLPS, Table 1",
         "imbalanced, b = 0.5: 1.6x faster (over 5 partitions)",
@@ -963,7 +988,7 @@ ROWS: list[Row] = [
             None,
             -1,
             digits=4,
-            differs=LPS_DIFF,
+            differs=LPS_DIFF if ds == "digits" else LPS_FMNIST,
             independent=LPS_NOSEL,
         )
         for ds in ("digits", "fashion_mnist")
@@ -1077,6 +1102,10 @@ def render(rows: list[Row]) -> str:
             verdict = decide(v, r.paper_value, r.sign, r.null)
         except FileNotFoundError:
             ours, verdict, effect = r.not_run or "-", "not run", effect.format(vs="-")
+        except (IncompleteResult, json.JSONDecodeError) as e:  # the latter: reports' loaders
+            why = e if isinstance(e, IncompleteResult) else f"a file is not JSON ({e.msg})"
+            ours = f"incomplete result: {why}" + (f"; {r.not_run}" if r.not_run else "")
+            verdict, effect = "not run", effect.format(vs="-")
         cause = r.cause if verdict == "not reproduced" else ""
         files = ", ".join(f"`{f}`" for f in r.files)
         lines.append(

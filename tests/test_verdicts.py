@@ -1,5 +1,6 @@
 """The README's verdict table is the generator's output, and the rule is applied as written."""
 
+import json
 import os
 import sys
 
@@ -41,3 +42,67 @@ def test_missing_files_are_not_run():
                        not_run="reason and cost")  # fmt: skip
     line = verdicts.render([row]).splitlines()[-1]
     assert "reason and cost" in line and "**not run**" in line
+
+
+def _sweep_blob(cells: dict, rounds: int = 100, last: int = 100) -> dict:
+    """A `stepsizes_fmnist.py --seeds 5` result with the given cells (key -> number of runs),
+    configured for `rounds` rounds, its runs evaluated up to round `last`."""
+    cfg = {"algorithms": ["FedAvg", "EF-FedAvg"], "partitions": ["IID"], "seeds": 5,
+           "rounds": rounds}  # fmt: skip
+    run = {"round": [0, last], "test_accuracy": [0.1, 0.8], "train_loss": [2.3, 0.5]}
+    return {"config": cfg, "cells": {k: {"runs": [dict(run, seed=s) for s in range(n)]}
+                                     for k, n in cells.items()}}  # fmt: skip
+
+
+def _step_row(name: str):
+    return verdicts.Row("p", "c", "e", "n", (f"stepsizes/sweep_{name}.json",),
+                        verdicts.step_diff((name, "EF-FedAvg"), (name, "FedAvg"), "IID"),
+                        not_run="reason and cost")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ('{"config": {"rounds": 100}, "cells": {"FedAvg|IID": {"ru', "not valid JSON"),
+        (_sweep_blob({"FedAvg|IID": 5}), "lacks cell(s) EF-FedAvg|IID"),
+        (_sweep_blob({"FedAvg|IID": 5, "EF-FedAvg|IID": 3}), "has 3 of 5 runs"),
+        (_sweep_blob({"FedAvg|IID": 5, "EF-FedAvg|IID": 5}, rounds=200), "stops before round 200"),
+    ],
+)
+def test_incomplete_result_is_not_run(tmp_path, monkeypatch, content, reason):
+    """A result file that is there but unfinished (a run in progress, a crash) gives a "not run"
+    row that says why, not a crash and not a verdict from part of the runs."""
+    monkeypatch.setattr(verdicts, "RESULTS", str(tmp_path))
+    verdicts._step_sweep.cache_clear()
+    (tmp_path / "stepsizes").mkdir()
+    text = content if isinstance(content, str) else json.dumps(content)
+    (tmp_path / "stepsizes" / "sweep_x.json").write_text(text)
+    line = verdicts.render([_step_row("x")]).splitlines()[-1]
+    verdicts._step_sweep.cache_clear()
+    assert "**not run**" in line and "incomplete result" in line and reason in line
+    assert "reason and cost" in line
+
+
+def test_complete_result_is_decided(tmp_path, monkeypatch):
+    monkeypatch.setattr(verdicts, "RESULTS", str(tmp_path))
+    verdicts._step_sweep.cache_clear()
+    (tmp_path / "stepsizes").mkdir()
+    blob = _sweep_blob({"FedAvg|IID": 5, "EF-FedAvg|IID": 5})
+    (tmp_path / "stepsizes" / "sweep_x.json").write_text(json.dumps(blob))
+    line = verdicts.render([_step_row("x")]).splitlines()[-1]
+    verdicts._step_sweep.cache_clear()
+    assert "n = 5 seeds" in line and "**not run**" not in line
+
+
+def test_partial_progress_file_is_ignored(tmp_path, monkeypatch):
+    """`stepsizes_fmnist.py` keeps a run in progress in `<name>.json.partial` and writes
+    `<name>.json` atomically at the end: while it runs, the row stays "not run"."""
+    fmnist = pytest.importorskip("stepsizes_fmnist")
+    monkeypatch.setattr(verdicts, "RESULTS", str(tmp_path))
+    verdicts._step_sweep.cache_clear()
+    partial = tmp_path / "stepsizes" / "sweep_x.json.partial"
+    fmnist.write_atomic(str(partial), _sweep_blob({"FedAvg|IID": 5}))
+    assert sorted(p.name for p in partial.parent.iterdir()) == ["sweep_x.json.partial"]
+    line = verdicts.render([_step_row("x")]).splitlines()[-1]
+    verdicts._step_sweep.cache_clear()
+    assert "**not run**" in line and "reason and cost" in line and "incomplete" not in line
