@@ -48,8 +48,8 @@ import optax
 
 from fedjax_sim.algorithms import area, as_fedavg, fedbuff
 from fedjax_sim.algorithms.core import LocalSpec
-from fedjax_sim.data import toy_quadratic
 from fedjax_sim.algorithms.events import Aggregation, Arrivals, Events, normal_rates, staleness_bins
+from fedjax_sim.data import toy_quadratic
 from fedjax_sim.models import linear_regression
 
 problem = toy_quadratic(NUM_CLIENTS)  # one example per client: feature i, target 1

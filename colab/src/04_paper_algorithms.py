@@ -237,8 +237,8 @@ plt.show()
 from sklearn.datasets import load_digits
 
 from fedjax_sim.algorithms.similarity import graph_from_data
-from fedjax_sim.run.convergence import rounds_to_target
 from fedjax_sim.data.unseen import federate_unseen, split_pool
+from fedjax_sim.run.convergence import rounds_to_target
 
 bunch = load_digits()
 pool = split_pool(bunch.data.astype(np.float32) / 16.0, bunch.target.astype(np.int32), seed=0)

@@ -41,8 +41,8 @@ import matplotlib.pyplot as plt
 
 from fedjax_sim import CohortSpec, EvalSpec, LocalSpec, fedavg, simulate
 from fedjax_sim.algorithms.accounting import PrivacyAccounting
-from fedjax_sim.algorithms.attacks import Attack
 from fedjax_sim.algorithms.aggregators import mean
+from fedjax_sim.algorithms.attacks import Attack
 from fedjax_sim.algorithms.privacy import AdaptiveClipping, dp_mean, expected_cohort_size
 from fedjax_sim.algorithms.robust import geometric_median, krum, median, trimmed_mean
 from fedjax_sim.data import load_digits
