@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_sim.algorithms.aggregators import mean
+from fedjax_sim.algorithms.core import Cohort
 from fedjax_sim.algorithms.privacy import dp_mean
 from fedjax_sim.algorithms.robust import geometric_median, krum, median, trimmed_mean
 from fedjax_sim.app.bench.results import Recorder
@@ -71,7 +72,8 @@ def measure(name: str, m: int, d: int, repeats: int, cap_s: float) -> dict:
     def aggregate(stack):
         sent, _ = jax.vmap(lambda u: agg.encode(u, rows, key, server))(stack)
         total = jax.tree.map(lambda x: jnp.tensordot(weights, x, axes=1), sent)
-        update, _, _ = agg.reduce(server, total, jnp.float32(m), stack, weights, key)
+        cohort = Cohort(jnp.arange(m), weights, jnp.int32(0), m)
+        update, _, _ = agg.reduce(server, total, jnp.float32(m), stack, cohort, key)
         return update
 
     first = timed(aggregate, stack)

@@ -19,7 +19,6 @@ from fedjax_sim.algorithms.core import (
 )
 from fedjax_sim.core.checks import positive
 from fedjax_sim.core.rows import Rows
-from fedjax_sim.data.federated import tree_size_bytes
 
 
 class Aggregator(NamedTuple):
@@ -32,10 +31,13 @@ class Aggregator(NamedTuple):
       encode: `(update, rows, key, server) -> (sent, new rows)`: one client's transform
         before sending (compression, clipping, noise...), inside the client map; `rows` is
         the client's row of each named memory.
-      reduce: `(server, total, weight, stacked, weights, key) -> (update, server, metrics)`:
+      reduce: `(server, total, weight, stacked, cohort, key) -> (update, server, metrics)`:
         from `total = sum_i w_i sent_i` and `weight = sum_i w_i` (and, when `stacked`, the
-        sent updates `[M, ...]` with their weights `[M]`) to the server's update.
-      payload: `params -> bytes one client sends`.
+        sent updates `[M, ...]`; `cohort`: the round's `core.Cohort`, ids and weights `[M]`)
+        to the server's update.
+      payload: `params -> bytes one client sends` where the wire format differs from the
+        sent pytree (compression, DP's clipped bit); None: the sent update's own size (its
+        shapes and dtypes).
       stacked: whether `reduce` needs the `[M, ...]` sent updates (robust aggregators);
         otherwise the sum is fused into the client map and `[M, d]` never exists.
     """
@@ -43,7 +45,7 @@ class Aggregator(NamedTuple):
     init: Callable[[Params, int], tuple[Any, dict[str, Any]]]
     encode: Callable[[Params, dict[str, Any], jax.Array, Any], tuple[Params, dict[str, Any]]]
     reduce: Callable[..., tuple[Params, Any, Metrics]]
-    payload: Callable[[Params], float]
+    payload: Callable[[Params], float] | None = None
     stacked: bool = False
 
 
@@ -60,12 +62,11 @@ def mean() -> Aggregator:
     return Aggregator(
         init=lambda params, num_clients: (None, {}),
         encode=lambda update, rows, key, server: (update, rows),
-        reduce=lambda server, total, weight, stacked, weights, key: (
+        reduce=lambda server, total, weight, stacked, cohort, key: (
             mean_of_total(total, weight),
             server,
             {},
         ),
-        payload=lambda params: float(tree_size_bytes(params)),
     )
 
 

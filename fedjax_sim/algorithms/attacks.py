@@ -1,5 +1,8 @@
-"""Byzantine clients as a wrapper of the client work: every synchronous preset takes
-`attack=Attack(...)` (a `compose.Options` field; `ClientWork.attack`).
+"""Byzantine clients: every synchronous preset takes `attack=Attack(...)` (a
+`compose.Options` field), which `compose.synchronous` turns into the `byzantine(attack)` hook
+(last in the chain: what a Byzantine client trains on and sends) or, for ALIE, the
+`colluding(attack, inner)` aggregator (what the colluding clients send, from the cohort's
+updates).
 
 Who is Byzantine: the fixed `ids`, or `round(fraction C)` clients drawn once from `seed`
 (`sampling="fixed"`), or each cohort client independently with probability `fraction` in
@@ -13,8 +16,9 @@ each round (`sampling="round"`). What they do:
   cohort client sends `mu - z sigma` (coordinate-wise mean and std of the Byzantine clients'
   own honest updates, as in the paper's non-omniscient setting; `z = scale`, default 1.0,
   where the paper derives z from n and f). This needs
-  the cohort's updates: `compose` stacks the sent updates and replaces the Byzantine rows
-  (after the aggregator's `encode`; per-client aggregator memories are not affected).
+  the cohort's updates: the `colluding` aggregator stacks the sent updates and replaces the
+  Byzantine rows (after the inner aggregator's `encode`; per-client aggregator memories are
+  not affected).
 - `label_flip`: data poisoning, labels y -> num_classes - 1 - y on the Byzantine clients'
   data (Tolpegin et al., "Data Poisoning Attacks Against Federated Learning Systems",
   ESORICS 2020); they then train honestly.
@@ -30,6 +34,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from fedjax_sim.algorithms.aggregators import Aggregator, mean
+from fedjax_sim.algorithms.local_hook import LocalHook
 from fedjax_sim.core.checks import check_number
 
 KINDS = ("sign_flip", "scale", "gaussian", "alie", "label_flip")
@@ -103,12 +109,12 @@ class Attack:
             return jax.random.uniform(k) < self.fraction
         return self.byzantine_set(num_clients)[client]
 
-    def poison_data(self, data: Any, byzantine: jax.Array) -> Any:
-        """Label flipping of a client's `ClientData` (other kinds: unchanged)."""
+    def poison_batch(self, batch: Any, byzantine: jax.Array) -> Any:
+        """Label flipping of a minibatch (other kinds: unchanged)."""
         if self.kind != "label_flip":
-            return data
-        y = jnp.where(byzantine, self.num_classes - 1 - data.y, data.y).astype(data.y.dtype)
-        return data._replace(y=y)
+            return batch
+        y = jnp.where(byzantine, self.num_classes - 1 - batch.y, batch.y).astype(batch.y.dtype)
+        return batch._replace(y=y)
 
     def poison_update(self, update: Any, byzantine: jax.Array, key: jax.Array) -> Any:
         """The update a client sends (sign_flip / scale / gaussian; others unchanged)."""
@@ -151,3 +157,48 @@ class Attack:
             return jnp.where(mask, bad[None], xf).astype(x.dtype)
 
         return jax.tree.map(leaf, stacked)
+
+
+def byzantine(attack: Attack) -> LocalHook:
+    """The Byzantine clients of `attack` (all kinds but ALIE) as a local-step hook, last in
+    the chain. Its client input is the round's Byzantine flags `[M]` (the adversary's own
+    knowledge, not sent); a Byzantine client trains on flipped labels (`label_flip`: every
+    loss of the chain sees the poisoned minibatch) or sends a poisoned update (`sign_flip`,
+    `scale`, `gaussian`, after the other hooks' `send`)."""
+    if attack.cohort_level:
+        raise ValueError("ALIE needs the cohort's updates: use colluding(attack, inner)")
+
+    def client_inputs(server, cohort, params, key):
+        flag = lambda c: attack.is_byzantine(c, cohort.round, cohort.num_clients)
+        return jax.vmap(flag)(cohort.ids)
+
+    def direction(value_and_grad, params, batch, carry, ctx):
+        loss, grads = value_and_grad(params, attack.poison_batch(batch, ctx.client_input))
+        return loss, grads, carry
+
+    return LocalHook(
+        "byzantine",
+        direction,
+        client_inputs=client_inputs,
+        send=lambda ctx, outcome: attack.poison_update(outcome.delta, ctx.client_input, ctx.key),
+        not_sent=("client_input",),
+    )
+
+
+def colluding(attack: Attack, inner: Aggregator | None = None) -> Aggregator:
+    """ALIE's colluding Byzantine clients around `inner` (default `mean()`): the sent updates
+    are stacked `[M, ...]` (after `inner`'s encode) and the Byzantine participants' rows
+    replaced by `mu - z sigma` (`Attack.poison_cohort`) before `inner`'s reduce."""
+    if not attack.cohort_level:
+        raise ValueError(f"{attack.kind} is a client's own attack: use the byzantine(attack) hook")
+    inner = inner or mean()
+
+    def reduce(server, total, weight, stacked, cohort, key):
+        flag = lambda c: attack.is_byzantine(c, cohort.round, cohort.num_clients)
+        stacked = attack.poison_cohort(stacked, jax.vmap(flag)(cohort.ids), cohort.weights)
+        total = jax.tree.map(
+            lambda x: jnp.tensordot(cohort.weights.astype(x.dtype), x, axes=1), stacked
+        )
+        return inner.reduce(server, total, weight, stacked if inner.stacked else None, cohort, key)
+
+    return inner._replace(reduce=reduce, stacked=True)

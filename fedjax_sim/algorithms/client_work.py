@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_sim.algorithms.core import (
+    Cohort,
     LocalSpec,
     LossFn,
     Params,
@@ -26,7 +27,7 @@ from fedjax_sim.algorithms.optimizers import (
 )
 from fedjax_sim.core.checks import is_concrete, non_negative
 from fedjax_sim.core.rows import Rows
-from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.data.federated import FederatedData, tree_size_bytes
 
 
 class ClientResult(NamedTuple):
@@ -57,8 +58,6 @@ class ClientWork:
         (`optax.add_decayed_weights`, torch SGD's placement).
       stragglers: FedProx's systems heterogeneity (synchronous rounds only).
       box: optional `(lower, upper)`: project onto the box after every local step.
-      attack: optional `attacks.Attack`: Byzantine clients poison their data or the update
-        they send (the cohort-level ALIE is applied by `compose`).
     """
 
     loss_fn: LossFn
@@ -68,7 +67,6 @@ class ClientWork:
     weight_decay: Any = 0.0
     stragglers: Stragglers = Stragglers()
     box: tuple[float, float] | None = None
-    attack: Any = None
 
     def __post_init__(self):
         check_client_optimizer(self.client_optimizer)
@@ -111,16 +109,33 @@ class ClientWork:
         return {h.name: h.broadcast(server[h.name]) for h in self.hook.hooks}
 
     def client_inputs(
-        self, server: dict[str, Any], ids: jax.Array, params: Params, key: jax.Array
+        self, server: dict[str, Any], cohort: Cohort, params: Params, key: jax.Array
     ) -> dict:
-        return {h.name: h.client_inputs(server[h.name], ids, params, key) for h in self.hook.hooks}
+        return {
+            h.name: h.client_inputs(server[h.name], cohort, params, key) for h in self.hook.hooks
+        }
 
-    def payload(self, params: Params, server: dict[str, Any]) -> tuple[float, float]:
-        up = down = 0.0
+    def bytes_down(self, broadcast: dict[str, Any], inputs: dict[str, Any], cohort: int) -> float:
+        """Bytes one client receives from the hooks: their broadcasts and its row of their
+        client inputs (`[cohort, ...]`), from the shapes and dtypes, but the parts they do
+        not send."""
+        total = 0.0
         for h in self.hook.hooks:
-            u, d = h.payload(params, server[h.name])
-            up, down = up + u, down + d
-        return up, down
+            if "broadcast" not in h.not_sent:
+                total += tree_size_bytes(broadcast[h.name])
+            if "client_input" not in h.not_sent:
+                total += tree_size_bytes(inputs[h.name]) / cohort
+        return total
+
+    def bytes_up(self, result: ClientResult) -> float:
+        """Bytes one client sends to the hooks (its summands and outputs, but the parts they
+        do not send) beyond its update, from the shapes and dtypes of `result`'s pytrees."""
+        total = 0.0
+        for h in self.hook.hooks:
+            for part, tree in (("summand", result.summands), ("output", result.outputs)):
+                if part not in h.not_sent:
+                    total += tree_size_bytes(tree[h.name])
+        return total
 
     # -- one client
     def train(
@@ -143,15 +158,18 @@ class ClientWork:
         hooks = self.hook.hooks
         ctxs = {
             h.name: HookContext(
-                params, server[h.name], rows.get(h.name), client_input[h.name], round_, lr, client
+                params,
+                server[h.name],
+                rows.get(h.name),
+                client_input[h.name],
+                round_,
+                lr,
+                client,
+                key,
             )
             for h in hooks
         }  # `server` holds the hooks' broadcast values (`ClientWork.broadcast`)
         client_data = data.client(client)
-        byzantine = None
-        if self.attack is not None:
-            byzantine = self.attack.is_byzantine(client, round_, data.num_clients)
-            client_data = self.attack.poison_data(client_data, byzantine)
         grad_fn = None
         if hooks:
 
@@ -190,8 +208,6 @@ class ClientWork:
                 new_rows[h.name] = row
             summands[h.name], outputs[h.name] = summand, output
             update = h.send(ctxs[h.name], outcome._replace(delta=update))
-        if self.attack is not None:
-            update = self.attack.poison_update(update, byzantine, key)
         return ClientResult(
             result.loss, result.steps, result.params, delta, update, new_rows, summands, outputs
         )

@@ -42,6 +42,7 @@ from fedjax_sim.algorithms.aggregators import (
     AggregatorState,
     mean,
 )
+from fedjax_sim.algorithms.attacks import byzantine, colluding
 from fedjax_sim.algorithms.client_work import ClientWork
 from fedjax_sim.algorithms.core import (
     COHORT,
@@ -50,6 +51,7 @@ from fedjax_sim.algorithms.core import (
     STRAGGLERS,
     UPLINK,
     Algorithm,
+    Cohort,
     CohortSpec,
     LocalSpec,
     LossFn,
@@ -121,7 +123,8 @@ def compose(
         local steps each cohort client executed, `cohort_steps [M]`.
       report_sent: also report `sent [M, d]`: what each cohort client sent over the network
         (its update after the aggregator's encode, i.e. compressed, clipped or poisoned by
-        an attack), flattened in `jax.flatten_util.ravel_pytree(params)` order; rows of
+        a Byzantine client; ALIE's colluding rows are replaced inside its aggregator's
+        `reduce`, after this), flattened in `jax.flatten_util.ravel_pytree(params)` order; rows of
         clients with weight 0 are reported too. With `mean()` the weighted mean of the rows
         is the round's update.
 
@@ -142,8 +145,7 @@ def compose(
         raise ValueError(f"num_clients must be an int >= 1, got {num_clients!r}")
     hooks = work.hook.hooks
     uniform_work = work.local.epochs is None and work.stragglers.fraction == 0.0
-    cohort_attack = work.attack is not None and work.attack.cohort_level
-    stack_sent = aggregator.stacked or cohort_attack or report_sent
+    stack_sent = aggregator.stacked or report_sent
 
     def init(params: Params, key: jax.Array) -> FederatedState:
         del key
@@ -178,8 +180,10 @@ def compose(
         agg_server, agg_rows = state.aggregator.server, state.aggregator.rows
         cohort_rows = gather_rows(state.rows, ids)
         cohort_agg_rows = gather_rows(agg_rows, ids)
-        inputs = work.client_inputs(state.hooks, ids, x, round_key(key, t, EXTRA))
+        cohort = Cohort(ids, weights, t, data.num_clients)
+        inputs = work.client_inputs(state.hooks, cohort, x, round_key(key, t, EXTRA))
         broadcast = work.broadcast(state.hooks)
+        uplink = {}  # bytes one client sends, from the shapes of what it sends (at trace time)
 
         def client_fn(cid, steps, rows, agg_row, client_input):
             res = work.train(
@@ -197,6 +201,8 @@ def compose(
             sent, agg_row = aggregator.encode(
                 res.update, agg_row, client_key(uplink_key, cid), agg_server
             )
+            sent_bytes = aggregator.payload(x) if aggregator.payload else tree_size_bytes(sent)
+            uplink["bytes"] = sent_bytes + work.bytes_up(res)
             summand = (sent, res.loss, tree_sq_norm(res.delta), res.summands)
             stacked = sent if stack_sent else None
             return summand, (res.steps, res.rows, agg_row, res.outputs, stacked)
@@ -214,18 +220,12 @@ def compose(
         total_sent, others = total[0], total[1:]
         train_loss, mean_sq_norm, hook_means = mean_of_total(others, total_weight)
         local_steps, new_rows, new_agg_rows, outputs, stacked = outs
-        if cohort_attack:  # ALIE: Byzantine rows replaced from the cohort's sent updates
-            byzantine = jax.vmap(lambda c: work.attack.is_byzantine(c, t, data.num_clients))(ids)
-            stacked = work.attack.poison_cohort(stacked, byzantine, weights)
-            total_sent = jax.tree.map(
-                lambda x: jnp.tensordot(weights.astype(x.dtype), x, axes=1), stacked
-            )
         update, agg_server, agg_metrics = aggregator.reduce(
             agg_server,
             total_sent,
             total_weight,
             stacked if aggregator.stacked else None,
-            weights,
+            cohort,
             uplink_key,
         )
         contributed = total_weight > 0
@@ -282,8 +282,7 @@ def compose(
         participants = distributor.uploads(ids, weights)
         cohort_up = cohort_metrics.pop("bytes_up", 0.0)
         cohort_down = cohort_metrics.pop("bytes_down", 0.0)
-        up, down = work.payload(x, state.hooks)
-        size = float(tree_size_bytes(x))
+        down = float(tree_size_bytes(x)) + work.bytes_down(broadcast, inputs, ids.shape[0])
         metrics = {
             "train_loss": train_loss,
             "participants": participants,
@@ -291,8 +290,8 @@ def compose(
             "local_steps": jnp.sum(jnp.where(part, local_steps, 0)) / jnp.maximum(jnp.sum(part), 1),
             "update_norm": tree_norm(mean_update),
             "consistency": consistency(mean_sq_norm, mean_update),
-            "bytes_up": participants.astype(jnp.float32) * (aggregator.payload(x) + up) + cohort_up,
-            "bytes_down": distributor.downloads(ids, weights).astype(jnp.float32) * (size + down)
+            "bytes_up": participants.astype(jnp.float32) * uplink["bytes"] + cohort_up,
+            "bytes_down": distributor.downloads(ids, weights).astype(jnp.float32) * down
             + cohort_down,
             **agg_metrics,
             **metrics,
@@ -400,8 +399,15 @@ def option_names(factory: Callable[..., Algorithm]) -> tuple[str, ...]:
 
 
 def synchronous(loss_fn: LossFn, options: Options, *hooks: LocalHook) -> Algorithm:
-    """`compose` of the chained `hooks` with the `options` of a preset."""
+    """`compose` of the chained `hooks` with the `options` of a preset (an `attack` is the
+    `attacks.byzantine` hook last in the chain, or ALIE's `attacks.colluding` aggregator
+    around the preset's)."""
     o = options
+    aggregator = o.aggregator
+    if o.attack is not None and o.attack.cohort_level:
+        aggregator = colluding(o.attack, aggregator)
+    elif o.attack is not None:
+        hooks = (*hooks, byzantine(o.attack))
     work = ClientWork(
         loss_fn,
         client_optimizer=o.client_optimizer,
@@ -409,12 +415,11 @@ def synchronous(loss_fn: LossFn, options: Options, *hooks: LocalHook) -> Algorit
         hook=chain(*hooks),
         weight_decay=o.weight_decay,
         stragglers=o.stragglers,
-        attack=o.attack,
     )
     return compose(
         work,
         num_clients=o.num_clients,
-        aggregator=o.aggregator,
+        aggregator=aggregator,
         server_optimizer=o.server_optimizer,
         cohort=o.cohort,
         client_map=o.client_map,

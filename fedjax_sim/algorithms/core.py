@@ -440,6 +440,15 @@ def weighted_mean(stacked: Params, weights: jax.Array) -> Params:
     return jax.tree.map(lambda x: jnp.tensordot(weights * scale, x, axes=1), stacked)
 
 
+class Cohort(NamedTuple):
+    """A round's cohort, as the hooks' `client_inputs` and the aggregator's `reduce` see it."""
+
+    ids: jax.Array  # [M] client ids
+    weights: jax.Array  # [M] aggregation weights (0: does not contribute)
+    round: jax.Array  # []
+    num_clients: int  # C
+
+
 class CohortResult(NamedTuple):
     mean: Any  # weighted mean over the cohort of the summands
     outputs: Any  # stacked per-client outputs [M, ...]

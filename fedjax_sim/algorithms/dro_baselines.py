@@ -92,12 +92,12 @@ def snapshot(steps: int) -> LocalHook:
     return LocalHook(
         "snapshot",
         direction,
-        client_inputs=lambda server, ids, params, key: jnp.broadcast_to(
-            _draw_snapshot(key, steps), ids.shape
+        client_inputs=lambda server, cohort, params, key: jnp.broadcast_to(
+            _draw_snapshot(key, steps), cohort.ids.shape
         ),
         start=lambda ctx: (ctx.anchor, jnp.int32(0)),
         finish=finish,
-        payload=lambda params, server: (float(tree_size_bytes(params)), 0.0),
+        not_sent=("client_input",),  # t' is drawn from the round's key, known to all
     )
 
 

@@ -59,7 +59,7 @@ from fedjax_sim.algorithms.local_hook import LocalHook, RoundSummary
 from fedjax_sim.algorithms.similarity import MessageMethod, SimilarityGraph, graph_from_data
 from fedjax_sim.core.checks import check_number
 from fedjax_sim.core.rows import scatter_rows
-from fedjax_sim.data.federated import FederatedData, tree_size_bytes
+from fedjax_sim.data.federated import FederatedData
 
 Params = Any
 
@@ -93,8 +93,8 @@ def perturbation(
     num_clients = graph.num_clients
     row_normalised = np.asarray(graph.row_normalised)  # [C, C] float64, rows sum to 1 or 0
 
-    def client_inputs(last_w, ids, params, key):
-        rows = jnp.asarray(row_normalised, float_dtype())[ids]  # [M, C]
+    def client_inputs(last_w, cohort, params, key):
+        rows = jnp.asarray(row_normalised, float_dtype())[cohort.ids]  # [M, C]
         return perturbation_anchors(last_w, params, rows)
 
     def direction(value_and_grad, params, batch, carry, ctx):
@@ -128,7 +128,8 @@ def perturbation(
         broadcast=lambda last_w: None,
         finish=finish,
         finalize=finalize,
-        payload=lambda params, last_w: (0.0, float(tree_size_bytes(params))),
+        # the server has x_i = x_t + Delta_i; ||u_i - x_t|| is a diagnostic
+        not_sent=("summand", "output"),
     )
 
 

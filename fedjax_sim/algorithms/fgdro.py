@@ -50,7 +50,6 @@ from fedjax_sim.algorithms.compose import Options, preset, synchronous
 from fedjax_sim.algorithms.core import Algorithm, CohortSpec, LocalSpec, LossFn, float_dtype
 from fedjax_sim.algorithms.local_hook import LocalHook, RoundSummary
 from fedjax_sim.core.checks import check_number, is_concrete, non_negative, positive
-from fedjax_sim.data.federated import tree_size_bytes
 
 Params = Any
 
@@ -120,12 +119,6 @@ def _averaged(server: Any, s: RoundSummary, new: Any) -> Any:
     return jax.tree.map(lambda a, b: jnp.where(s.contributed, a, b).astype(b.dtype), new, server)
 
 
-def _payload(params: Params, server: Any) -> tuple[float, float]:
-    """The averaged variables travel with the model, up and down."""
-    size = float(tree_size_bytes(server))
-    return size, size
-
-
 # ------------------------------------------------------------------------------ hooks
 def cvar_threshold(
     k: int, num_clients: int, beta1: Any, threshold_lr: Any = None, *, client_metrics: bool = True
@@ -181,7 +174,6 @@ def cvar_threshold(
         start=lambda ctx: (ctx.row, ctx.server),
         finish=finish,
         finalize=finalize,
-        payload=_payload,
     )
 
 
@@ -250,7 +242,6 @@ def kl_weighting(
         start=lambda ctx: (ctx.row, ctx.server),
         finish=finish,
         finalize=finalize,
-        payload=_payload,
     )
 
 
@@ -285,7 +276,6 @@ def local_moments(beta3: Any, adam: tuple[Any, Any] | None = None) -> LocalHook:
         start=lambda ctx: ctx.server,
         finish=lambda ctx, outcome: (None, outcome.carry, None),
         finalize=lambda mq, s: (_averaged(mq, s, s.mean), {}),
-        payload=_payload,
     )
 
 

@@ -31,7 +31,6 @@ import numpy as np
 from fedjax_sim.algorithms.core import tree_add, tree_norm, tree_scale, tree_sub
 from fedjax_sim.algorithms.local_hook import HookContext, LocalHook, LocalOutcome, RoundSummary
 from fedjax_sim.core.checks import Range, check_number, non_negative, positive
-from fedjax_sim.data.federated import tree_size_bytes
 
 Params = Any
 
@@ -40,9 +39,13 @@ def _zeros(params: Params) -> Params:
     return jax.tree.map(jnp.zeros_like, params)
 
 
-def _model_payload(params: Params, server: Any) -> tuple[float, float]:
-    size = float(tree_size_bytes(params))
-    return size, size
+def _sum_sent(s: RoundSummary) -> Params:
+    """The sum over the contributing clients (weight > 0) of the hook's outputs `[M, ...]`."""
+    part = s.weights > 0
+    return jax.tree.map(
+        lambda o: jnp.sum(jnp.where(part.reshape(-1, *([1] * (o.ndim - 1))), o, 0), axis=0),
+        s.outputs,
+    )
 
 
 def _lr(ctx: HookContext, name: str) -> Any:
@@ -74,8 +77,8 @@ def proximal(mu: float | Callable[[jax.Array], Any]) -> LocalHook:
 def control_variates() -> LocalHook:
     """SCAFFOLD, option II (Karimireddy et al., ICML 2020): direction `g - c_i + c`; after
     K_i local steps `c_i+ = c_i - c + (x_t - y_K) / (K_i eta)`; the server keeps
-    `c <- c + (1/C) sum_{i in S} (c_i+ - c_i)`. Rows c_i and c start at 0; each client sends
-    and receives one more model-sized vector."""
+    `c <- c + (1/C) sum_{i in S} (c_i+ - c_i)`. Rows c_i and c start at 0; each client
+    receives c and sends `c_i+ - c_i` (its output), one more model-sized vector each way."""
 
     def direction(value_and_grad, params, batch, carry, ctx):
         loss, g = value_and_grad(params, batch)
@@ -84,10 +87,11 @@ def control_variates() -> LocalHook:
     def finish(ctx, outcome: LocalOutcome):
         eta = _lr(ctx, "control_variates (SCAFFOLD)")
         scale = -1.0 / (jnp.maximum(outcome.steps, 1) * eta)  # (x_t - y_K)/(K eta)
-        return tree_add(tree_sub(ctx.row, ctx.server), tree_scale(outcome.delta, scale)), None, None
+        row = tree_add(tree_sub(ctx.row, ctx.server), tree_scale(outcome.delta, scale))
+        return row, None, tree_sub(row, ctx.row)
 
     def finalize(c, s: RoundSummary):
-        c = tree_add(c, tree_scale(s.row_change, 1.0 / s.num_clients))
+        c = tree_add(c, tree_scale(_sum_sent(s), 1.0 / s.num_clients))
         return c, {"control_norm": tree_norm(c)}
 
     return LocalHook(
@@ -97,7 +101,6 @@ def control_variates() -> LocalHook:
         init_server=_zeros,
         finish=finish,
         finalize=finalize,
-        payload=_model_payload,
     )
 
 
@@ -134,6 +137,7 @@ def dynamic_regularizer(regularization: float) -> LocalHook:
         correct=correct,
         finalize=lambda h, s: (h, {"h_norm": tree_norm(h)}),
         adjust=adjust,
+        broadcast=lambda h: None,  # h stays on the server
     )
 
 
@@ -164,7 +168,6 @@ def client_momentum(momentum: float) -> LocalHook:
         direction,
         init_server=_zeros,
         finalize=finalize,
-        payload=lambda params, server: (0.0, float(tree_size_bytes(params))),
     )
 
 
@@ -254,6 +257,8 @@ def multistep_inertia(
         init_server=lambda p: jax.tree.map(lambda x: jnp.zeros((num, *x.shape), x.dtype), p),
         broadcast=lambda history: (combine(momentum, history), combine(lookahead, history)),
         finalize=finalize,
+        # the clients form M and P from the models x_t they received (spec fedmim.md 2.2)
+        not_sent=("broadcast",),
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import jax
 
 from fedjax_sim.algorithms.core import (
+    Cohort,
     Metrics,
     Params,
 )
@@ -26,6 +27,7 @@ class HookContext(NamedTuple):
       round: [] the round (asynchronous algorithms: the iteration at which it read x_t).
       lr: the client learning rate of that round (None for an optax client optimizer).
       client: [] the client id.
+      key: the client's key of the round (its local training's).
     """
 
     anchor: Params
@@ -35,6 +37,7 @@ class HookContext(NamedTuple):
     round: jax.Array
     lr: Any
     client: jax.Array
+    key: jax.Array
 
 
 class LocalOutcome(NamedTuple):
@@ -103,9 +106,10 @@ class LocalHook:
       init_row: `params -> row` of one client (None: no per-client state); rows of all C
         clients are stacked `[C, ...]` at `init`.
       init_server: `params -> server-side state` broadcast to the clients (None: none).
-      client_inputs: `(server, ids [M], params, key) -> [M, ...]` per-client inputs of a
-        round computed on the server (e.g. FedLPS' anchors from every client's last model,
-        DRFA's snapshot step); `key` is the round's `round_key(key, round, EXTRA)`.
+      client_inputs: `(server, cohort, params, key) -> [M, ...]` per-client inputs of a
+        round computed on the server for the `core.Cohort` (e.g. FedLPS' anchors from every
+        client's last model, DRFA's snapshot step); `key` is the round's
+        `round_key(key, round, EXTRA)`.
       start: `ctx -> carry` at local step 0 (state carried across local steps).
       finish: `(ctx, outcome) -> (new row, summand, output)` after local training: the
         client's new row, a summand averaged over the cohort with the aggregation weights,
@@ -115,8 +119,11 @@ class LocalHook:
       finalize: `(server, summary) -> (server, metrics)` after the server step.
       adjust: `(server, summary) -> params`: the global model after the server step and the
         `finalize`s (default `summary.new_params`; FedDyn's `x_{t+1} - h / alpha`).
-      payload: `(params, server) -> (bytes up, bytes down)` per client beyond the model and
-        its update (e.g. SCAFFOLD's control variates).
+      not_sent: the parts of a round the simulation moves but the protocol does not send,
+        because their receiver recomputes them (`"broadcast"`, `"client_input"`, `"summand"`,
+        `"output"`; e.g. FedLPS' output, the client's final model `x_t + Delta_i`). Every
+        other part is counted in `bytes_up` (summand, output: per client) and `bytes_down`
+        (broadcast, client input: per client), from its shapes and dtypes.
       broadcast: `server -> what the clients see as ctx.server` (computed once per round).
       send: `(ctx, outcome) -> the update the client sends` (default `outcome.delta`; in a
         chain each hook transforms the previous one's, e.g. FedNova's `Delta_i / tau_i`).
@@ -126,13 +133,13 @@ class LocalHook:
     direction: Callable[..., tuple[jax.Array, Params, Any]] = _plain_direction
     init_row: Callable[[Params], Any] | None = None
     init_server: Callable[[Params], Any] = _none
-    client_inputs: Callable[[Any, jax.Array, Params, jax.Array], Any] = _none
+    client_inputs: Callable[[Any, Cohort, Params, jax.Array], Any] = _none
     start: Callable[[HookContext], Any] = _none
     finish: Callable[[HookContext, LocalOutcome], tuple[Any, Any, Any]] = _no_finish
     correct: Callable[[Any, RoundSummary], tuple[Any, Params]] = _no_correct
     finalize: Callable[[Any, RoundSummary], tuple[Any, Metrics]] = _no_finalize
     adjust: Callable[[Any, RoundSummary], Params] = lambda server, summary: summary.new_params
-    payload: Callable[[Params, Any], tuple[float, float]] = lambda params, server: (0.0, 0.0)
+    not_sent: tuple[str, ...] = ()
     broadcast: Callable[[Any], Any] = lambda server: server
     send: Callable[[HookContext, LocalOutcome], Params] = lambda ctx, outcome: outcome.delta
 
@@ -141,6 +148,9 @@ class Chain(NamedTuple):
     """Hooks applied in order: hook k's gradient oracle is hook k-1's direction."""
 
     hooks: tuple[LocalHook, ...]
+
+
+PARTS = ("broadcast", "client_input", "summand", "output")  # what a hook may send
 
 
 def chain(*hooks: LocalHook) -> Chain:
@@ -152,4 +162,6 @@ def chain(*hooks: LocalHook) -> Chain:
     for h in hooks:
         if not isinstance(h, LocalHook):
             raise TypeError(f"chain takes LocalHook parts, got {h!r}")
+        if set(h.not_sent) - set(PARTS):
+            raise ValueError(f"hook {h.name!r}: not_sent names parts of {PARTS}, got {h.not_sent}")
     return Chain(tuple(hooks))

@@ -131,7 +131,7 @@ def dp_mean(
         clipped, norm = clip_pytree(update, c)  # (clipped tree, its original norm)
         return (clipped, (norm <= c).astype(jnp.float32) - 0.5), rows
 
-    def reduce(server, total, weight, stacked, weights, key):
+    def reduce(server, total, weight, stacked, cohort, key):
         total_update, count = total
         c = server["clip"]
         key = jax.random.fold_in(key, SERVER_NOISE)
@@ -143,7 +143,7 @@ def dp_mean(
             for x, k in zip(leaves, keys, strict=True)
         ]
         update = jax.tree.unflatten(treedef, noised)
-        unit = jnp.all((weights == 0) | (weights == 1)).astype(jnp.float32)
+        unit = jnp.all((cohort.weights == 0) | (cohort.weights == 1)).astype(jnp.float32)
         metrics = {"dp_clip_norm": c, "dp_unit_weights": unit}
         if adaptive is not None:
             b_bar = (count + sigma_b * jax.random.normal(k_count, ())) / m + 0.5

@@ -37,7 +37,6 @@ import jax.numpy as jnp
 
 from fedjax_sim.algorithms.aggregators import Aggregator
 from fedjax_sim.core.checks import check_number, positive
-from fedjax_sim.data.federated import tree_size_bytes
 
 
 def _valid(weights: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -90,7 +89,8 @@ def coordinate_trimmed_mean(x: jax.Array, valid: jax.Array, beta: float) -> jax.
 
 
 def _coordinatewise(fn, chunk: int | None) -> Aggregator:
-    def reduce(server, total, weight, stacked, weights, key):
+    def reduce(server, total, weight, stacked, cohort, key):
+        weights = cohort.weights
         valid, _ = _valid(weights)
         update = jax.tree.map(
             lambda x: _columns(lambda c: fn(c, valid), x, chunk).astype(x.dtype), stacked
@@ -105,7 +105,6 @@ def _stacked(reduce, init=None) -> Aggregator:
         init=init or (lambda params, num_clients: (None, {})),
         encode=lambda update, rows, key, server: (update, rows),
         reduce=reduce,
-        payload=lambda params: float(tree_size_bytes(params)),
         stacked=True,
     )
 
@@ -170,7 +169,8 @@ def multi_krum(f: int = 1, m: int = 1) -> Aggregator:
     if not (isinstance(m, int) and m >= 1):
         raise ValueError(f"multi-krum m must be an int >= 1, got {m!r}")
 
-    def reduce(server, total, weight, stacked, weights, key):
+    def reduce(server, total, weight, stacked, cohort, key):
+        weights = cohort.weights
         valid, n = _valid(weights)
         scores = krum_scores(pairwise_sq_distances(stacked), valid, f)
         order = jnp.argsort(scores, stable=True)
@@ -219,7 +219,8 @@ def geometric_median(iters: int = 10, nu: float = 1e-6) -> Aggregator:
         raise ValueError(f"geometric median iters must be an int >= 1, got {iters!r}")
     positive("geometric median nu", nu)
 
-    def reduce(server, total, weight, stacked, weights, key):
+    def reduce(server, total, weight, stacked, cohort, key):
+        weights = cohort.weights
         a = jnp.where(weights > 0, weights, 0.0).astype(jnp.float32)
 
         def body(_, v):
@@ -246,7 +247,8 @@ def centered_clip(tau: float = 1.0, iters: int = 1) -> Aggregator:
     def init(params, num_clients):
         return jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params), {}
 
-    def reduce(server, total, weight, stacked, weights, key):
+    def reduce(server, total, weight, stacked, cohort, key):
+        weights = cohort.weights
         valid, n = _valid(weights)
         c = valid.astype(jnp.float32)
 

@@ -129,8 +129,14 @@ def test_fednova_matches_numpy_normalized_averaging(x64):
             normalized += wi * (y - x) / ti
         x = x + (w @ tau / w.sum()) * normalized / w.sum()
     np.testing.assert_allclose(state.params["w"], x, rtol=1e-11, atol=1e-13)
-    avg, _ = run(fedavg(linear_regression(DIM).loss, **kw), w0, problem.data, 5, key)
+    avg, avg_metrics = run(fedavg(linear_regression(DIM).loss, **kw), w0, problem.data, 5, key)
     assert np.abs(np.asarray(avg.params["w"]) - x).max() > 1e-3
+    # payload derived from what is sent: FedNova's clients also send tau_i (one float64)
+    for mt, ma in zip(metrics, avg_metrics, strict=True):
+        n = float(np.sum(mt["cohort_weights"] > 0))
+        assert float(mt["bytes_up"]) == n * (DIM * 8 + 8)
+        assert float(ma["bytes_up"]) == float(np.sum(ma["cohort_weights"] > 0)) * DIM * 8
+        assert float(mt["bytes_down"]) == float(ma["bytes_down"]) == 4 * DIM * 8
 
 
 def test_forced_cohorts_and_reported_ids():

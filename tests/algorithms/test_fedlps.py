@@ -193,7 +193,9 @@ def test_lemma1_identity_every_local_step(x64):
     local_key = round_key(key, state.round, LOCAL)
 
     def recorded(cid, anchor, steps):
-        ctx = HookContext(state.params, None, None, anchor, state.round, lr, cid)
+        ctx = HookContext(
+            state.params, None, None, anchor, state.round, lr, cid, client_key(local_key, cid)
+        )
         inner = perturbation(beta, graph).direction
 
         def grad_fn(value_and_grad, params, batch, aux):

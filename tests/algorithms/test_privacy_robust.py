@@ -11,9 +11,10 @@ from dp_accounting import rdp
 
 from fedjax_sim.algorithms import fedavg
 from fedjax_sim.algorithms.accounting import PrivacyAccounting
-from fedjax_sim.algorithms.attacks import Attack
+from fedjax_sim.algorithms.attacks import Attack, byzantine
 from fedjax_sim.algorithms.client_work import ClientWork
-from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
+from fedjax_sim.algorithms.core import Cohort, CohortSpec, LocalSpec
+from fedjax_sim.algorithms.local_hook import chain
 from fedjax_sim.algorithms.privacy import AdaptiveClipping, dp_mean
 from fedjax_sim.algorithms.robust import (
     centered_clip,
@@ -53,8 +54,9 @@ def test_noise_std_uses_expected_cohort_size():
     server, _ = agg.init({"w": jnp.zeros(d)}, 1)
     clean = jnp.asarray(np.random.default_rng(1).normal(size=d), jnp.float32)
     weights = jnp.array([1.0, 1.0, 1.0, 0.0, 0.0])
+    cohort = Cohort(jnp.arange(5), weights, jnp.int32(0), 5)
     update, _, metrics = agg.reduce(
-        server, ({"w": clean}, jnp.float32(0)), jnp.float32(3), None, weights, jax.random.key(3)
+        server, ({"w": clean}, jnp.float32(0)), jnp.float32(3), None, cohort, jax.random.key(3)
     )
     noise = np.asarray(update["w"]) - np.asarray(clean) / m
     # sample std of d normals: relative sd 1/sqrt(2d) = 0.0016; 5 sd = 0.8 %; mean: 5 sd/sqrt(d)
@@ -96,7 +98,8 @@ def test_adaptive_clipping_converges_to_target_quantile():
         u = {"w": jnp.stack([norms, jnp.zeros(m)], 1)}
         (sent, b), _ = enc(u, {}, key, server)
         total = (jax.tree.map(lambda x: x.sum(0), sent), b.sum())
-        _, server, _ = red(server, total, jnp.float32(m), None, jnp.ones(m), k)
+        cohort = Cohort(jnp.arange(m), jnp.ones(m), jnp.int32(t), m)
+        _, server, _ = red(server, total, jnp.float32(m), None, cohort, k)
     expected = math.exp(0.5244)  # lognormal 0.7-quantile: exp(Phi^-1(0.7))
     assert abs(float(server["clip"]) / expected - 1) < 0.1
 
@@ -169,7 +172,8 @@ def _reduce(agg, rows, weights):
     server, _ = agg.init({"w": x[0]}, 1)
     w = jnp.asarray(weights, jnp.float32)
     total = {"w": jnp.tensordot(w, x, axes=1)}
-    out, _, _ = agg.reduce(server, total, w.sum(), {"w": x}, w, jax.random.key(0))
+    cohort = Cohort(jnp.arange(x.shape[0]), w, jnp.int32(0), x.shape[0])
+    out, _, _ = agg.reduce(server, total, w.sum(), {"w": x}, cohort, jax.random.key(0))
     return np.asarray(out["w"])
 
 
@@ -283,20 +287,21 @@ def test_attacks_change_exactly_the_chosen_clients(kind):
     loss = linear_regression(3).loss
     attack = Attack(kind, ids=(1, 4), num_classes=2 if kind == "label_flip" else None)
     honest = ClientWork(loss, local=LocalSpec(steps=2, batch_size=4))
-    bad = ClientWork(loss, local=LocalSpec(steps=2, batch_size=4), attack=attack)
+    bad = ClientWork(loss, local=LocalSpec(steps=2, batch_size=4), hook=chain(byzantine(attack)))
     p = {"w": jnp.ones(3)}
 
     def updates(work):
         def one(c):
+            flag = {"byzantine": attack.is_byzantine(c, jnp.int32(0), 6)}
             return work.train(
                 p,
                 data,
                 c,
                 jax.random.key(c),
                 round_=jnp.int32(0),
-                server={},
+                server={"byzantine": None},
                 rows={},
-                client_input={},
+                client_input=flag if work is bad else {},
                 num_steps=None,
             ).update["w"]
 
