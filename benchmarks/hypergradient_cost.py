@@ -65,9 +65,14 @@ def main() -> None:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", help="default benchmarks/results/hypergradient_cost.jsonl")
+    p.add_argument(
+        "--client-map", choices=["auto", "vmap", "map"], default="auto",
+        help="the cohort's client map (RunConfig.client_map; labels get a suffix if not auto)",
+    )  # fmt: skip
     args = p.parse_args()
     rec = Recorder("hypergradient_cost", args.out)
-    cfg = RunConfig()
+    cfg = RunConfig(client_map=args.client_map)
+    suffix = "" if args.client_map == "auto" else f" client_map={args.client_map}"
     grid = {"client_lr": [cfg.client_lr], "server_lr": [cfg.server_lr]}
     dataset, model, make_algorithm, client_map = build_sweep(cfg, grid, explicit=set())
     key = jax.random.key(cfg.seed)
@@ -87,7 +92,7 @@ def main() -> None:
                 forward_s = median
             row = {
                 "rounds": rounds,
-                "variant": label,
+                "variant": label + suffix,
                 "gradient": grad,
                 "remat_rounds": remat_length(remat, rounds),
                 "compile_s": compile_s,
@@ -101,7 +106,7 @@ def main() -> None:
                 "10, 10 local steps, batch 16; objective: central test loss",
             }
             print({k: v for k, v in row.items() if k != "job"}, flush=True)
-            rec.add(f"T={rounds} {label}", **row)
+            rec.add(f"T={rounds} {label}{suffix}", **row)
             rec.write()
 
 

@@ -7,16 +7,16 @@ logs of the client and server learning rates along the hypergradient of the vali
 loss through each round) reaches the grid's best test accuracy within 1 point (mean over 5
 seeds) using less than a third of the grid's total client-steps.
 
-Setting (the default job, CPU-sized): digits, 100 clients, Dirichlet(alpha) label skew with
-alpha in {0.1, 1.0}, cohort 10 uniform, 10 local SGD steps of batch 16, an MLP 64, `--rounds`
-(100) rounds, server lr 1 for the grid; FedAvg and FedProx (mu = 0.01). The central
-held-out set is split in two: validation (even rows: the grid's selection and the tuner's
-objective) and test (odd rows: reported). Grid: client lr in {0.01, 0.03, 0.1, 0.3, 1, 3}
-x seeds 0-4, all 30 runs stacked on a runs axis in one compiled program (`jax.vmap` of
-`differentiate.final_state`, as the sweep engine stacks runs). Best point: the highest mean
-validation accuracy. Tuners: client lr best / 10 and best x 10, server lr 1, x seeds 0-4,
-in one vmap of the tuner (`--step-size` 0.1, `--window` 1 round by default; the default
-divergence safeguard of `TunerSpec`). Seed s: run key
+Setting (the default job, CPU-sized): digits (or `--dataset fashion_mnist`), 100 clients,
+Dirichlet(alpha) label skew with alpha in {0.1, 1.0}, cohort 10 uniform, 10 local SGD steps
+of batch 16, an MLP 64, `--rounds` (100) rounds, server lr 1 for the grid; FedAvg and
+FedProx (mu = 0.01). The central held-out set is split in two: validation (even rows: the
+grid's selection and the tuner's objective) and test (odd rows: reported). Grid: client lr
+in {0.01, 0.03, 0.1, 0.3, 1, 3} x seeds 0-4, all 30 runs stacked on a runs axis in one
+compiled program (`jax.vmap` of `differentiate.final_state`, as the sweep engine stacks
+runs). Best point: the highest mean validation accuracy. Tuners: client lr best / 10 and
+best x 10, server lr 1, x seeds 0-4, in one vmap of the tuner (`--step-size` 0.1, `--window`
+1 round by default; the default divergence safeguard of `TunerSpec`). Seed s: run key
 `jax.random.key(s)` (cohorts, minibatches, initial model) for grid runs and tuners alike.
 
 Client-steps: local SGD steps executed by clients (rounds x cohort x local steps per run);
@@ -24,7 +24,9 @@ the tuner's also counted with its backward pass through the rounds as 2 more
 forward-equivalents (x 3), the usual cost of reverse mode.
 
     PYTHONPATH=. nice -n 10 python experiments/hypergradient_tuner.py --alpha 0.1 1.0
-Writes experiments/results/hypergradient/digits_dir<alpha>_<algorithm>.json.
+    PYTHONPATH=. nice -n 10 python experiments/hypergradient_tuner.py --window 10 \
+        --step-size 0.3 --dataset fashion_mnist --algorithms fedavg
+Writes experiments/results/hypergradient/<dataset>_dir<alpha>_<algorithm>[_w<window>].json.
 """
 
 from __future__ import annotations
@@ -39,9 +41,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_sim import data
 from fedjax_sim.algorithms import fedavg, fedprox
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
-from fedjax_sim.data import load_digits
 from fedjax_sim.data.federated import ArrayData
 from fedjax_sim.models import mlp
 from fedjax_sim.run.differentiate import central_loss, final_state, initial_params
@@ -68,8 +70,8 @@ def factory(name, model, local, cohort):
     return make
 
 
-def one(alpha: float, algorithm: str, rounds: int, spec: TunerSpec) -> dict:
-    ds = load_digits(num_clients=100, alpha=alpha)
+def one(dataset: str, alpha: float, algorithm: str, rounds: int, spec: TunerSpec) -> dict:
+    ds = data.load(dataset, num_clients=100, partitioner="dirichlet", alpha=alpha, seed=0)
     model = mlp(ds.feature_shape, ds.num_classes, hidden=(64,))
     local, cohort = LocalSpec(steps=10, batch_size=16), CohortSpec(size=10)
     val = ArrayData(x=ds.test.x[0::2], y=ds.test.y[0::2])
@@ -104,7 +106,7 @@ def one(alpha: float, algorithm: str, rounds: int, spec: TunerSpec) -> dict:
     grid_s = time.perf_counter() - t0
     best = int(np.argmax(val_acc.mean(axis=1)))
     best_lr = GRID[best]
-    print(f"dir {alpha} {algorithm}: grid test acc {test_acc.mean(1).round(4)}; best lr "
+    print(f"{dataset} dir {alpha} {algorithm}: grid test acc {test_acc.mean(1).round(4)}; best lr "
           f"{best_lr} ({grid_s:.0f} s)", flush=True)  # fmt: skip
 
     tuner = hypergradient_tuner(make, central_loss(model, val), num_rounds=rounds, spec=spec)
@@ -129,7 +131,7 @@ def one(alpha: float, algorithm: str, rounds: int, spec: TunerSpec) -> dict:
     grid_steps = len(GRID) * len(SEEDS) * steps_per_run
     tuner_steps = len(SEEDS) * steps_per_run
     result = {
-        "dataset": "digits",
+        "dataset": dataset,
         "alpha": alpha,
         "algorithm": algorithm,
         "rounds": rounds,
@@ -167,6 +169,7 @@ def one(alpha: float, algorithm: str, rounds: int, spec: TunerSpec) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dataset", default="digits", choices=["digits", "fashion_mnist"])
     p.add_argument("--alpha", type=float, nargs="+", default=[0.1, 1.0])
     p.add_argument("--algorithms", nargs="+", default=["fedavg", "fedprox"])
     p.add_argument("--rounds", type=int, default=100)
@@ -178,9 +181,10 @@ def main() -> None:
     for alpha in args.alpha:
         for algorithm in args.algorithms:
             spec = TunerSpec(step_size=args.step_size, window=args.window)
-            result = one(alpha, algorithm, args.rounds, spec)
+            result = one(args.dataset, alpha, algorithm, args.rounds, spec)
             tag = "" if args.window == 1 else f"_w{args.window}"
-            path = os.path.join(args.out, f"digits_dir{alpha:g}_{algorithm}{tag}.json")
+            name = f"{args.dataset}_dir{alpha:g}_{algorithm}{tag}.json"
+            path = os.path.join(args.out, name)
             with open(path, "w") as f:
                 json.dump(result, f, indent=1)
 

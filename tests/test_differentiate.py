@@ -57,8 +57,9 @@ def central_difference(run, hp, name, data, key, eps_rel=1e-5):
     """(f(h + e) - f(h - e)) / 2e for the scalar hyper-parameter `name`."""
     h = float(hp[name])
     eps = eps_rel * abs(h)
-    up = run.value({**hp, name: h + eps}, start(), data, key)
-    down = run.value({**hp, name: h - eps}, start(), data, key)
+    # the values of the compiled value-and-gradient program (one compilation per test)
+    up = run.value_and_grad({**hp, name: h + eps}, start(), data, key)[0]
+    down = run.value_and_grad({**hp, name: h - eps}, start(), data, key)[0]
     return (float(up) - float(down)) / (2 * eps)
 
 
@@ -126,8 +127,7 @@ def test_dp_clip_norm_with_noise_fixed_by_the_key(x64, problem, target):
         return fedavg(MODEL.loss, client_optimizer=0.1, local=LOCAL, cohort=cohort, aggregator=agg)
 
     run = differentiable_run(make, central_loss(MODEL, target), num_rounds=ROUNDS, wrt="hparams")
-    state = run.final_state({"clip": 0.05}, start(), problem.data, jax.random.key(1))
-    assert float(state.aggregator.server["clip"]) == 0.05
+    # (the clip state is in the default float dtype, float64 here: privacy.dp_mean)
     check_fd(run, {"clip": 0.05}, "clip", problem.data)
 
 
@@ -304,8 +304,8 @@ def test_per_round_schedule_remat_truncation_and_forward_mode(x64, problem, targ
     # one schedule entry against a central difference
     t, eps = 2, 1e-6
     e = jnp.zeros(rounds).at[t].set(eps)
-    up = full.value({**hp, "lrs": hp["lrs"] + e}, start(), problem.data, key)
-    down = full.value({**hp, "lrs": hp["lrs"] - e}, start(), problem.data, key)
+    up = full.value_and_grad({**hp, "lrs": hp["lrs"] + e}, start(), problem.data, key)[0]
+    down = full.value_and_grad({**hp, "lrs": hp["lrs"] - e}, start(), problem.data, key)[0]
     assert rel_err(grads.hparams["lrs"][t], (up - down) / (2 * eps)) <= TOL
     # remat in chunks of 2 (and a last chunk of 1) with window W = T == no remat, no window:
     # 0 ulp measured, 8 allowed
