@@ -31,7 +31,7 @@ def _client(w):
 def test_auto_uses_measured_choice_and_caches_it(tuning, monkeypatch):
     calls = []
 
-    def fake(fn, xs, reduce, closed, out_tree, **kw):
+    def fake(fn, xs, reduce, closed, out_tree, client_map, **kw):
         calls.append(reduce)
         return {"1": 3.0, "2": 1.0, "4": 2.0, "vmap": 5.0}
 
@@ -108,7 +108,7 @@ def _digits_fedavg(client_optimizer=0.1, hidden=(16,), client_map=None):
 
 
 def _fake_measure(calls, best="4"):
-    def fake(fn, xs, reduce, closed, out_tree, **kw):
+    def fake(fn, xs, reduce, closed, out_tree, client_map, **kw):
         calls.append(reduce)
         return {c: (1.0 if c == best else 2.0) for c in ("1", "4", "vmap")}
 
