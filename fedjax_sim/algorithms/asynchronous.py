@@ -323,7 +323,7 @@ def compose_async(
         raise ValueError(f"init_mode must be one of {INIT_MODES}, got {init_mode!r}")
     for h in work.hook.hooks:
         if h.init_row is not None or any(
-            getattr(h, n) is not _PLAIN[n] for n in ("init_server", "correct", "finalize")
+            getattr(h, n) is not _PLAIN[n] for n in ("init_server", "finalize")
         ):
             raise ValueError(f"hook {h.name!r} keeps state between rounds: not asynchronous")
     if work.stragglers.fraction:

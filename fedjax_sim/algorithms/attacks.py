@@ -164,23 +164,27 @@ def byzantine(attack: Attack) -> LocalHook:
     the chain. Its client input is the round's Byzantine flags `[M]` (the adversary's own
     knowledge, not sent); a Byzantine client trains on flipped labels (`label_flip`: every
     loss of the chain sees the poisoned minibatch) or sends a poisoned update (`sign_flip`,
-    `scale`, `gaussian`, after the other hooks' `send`)."""
+    `scale`, `gaussian`, in its `finish`, after the other hooks')."""
     if attack.cohort_level:
         raise ValueError("ALIE needs the cohort's updates: use colluding(attack, inner)")
 
-    def client_inputs(server, cohort, params, key):
+    def prepare(server, cohort, params, key):
         flag = lambda c: attack.is_byzantine(c, cohort.round, cohort.num_clients)
-        return jax.vmap(flag)(cohort.ids)
+        return server, jax.vmap(flag)(cohort.ids)
 
     def direction(value_and_grad, params, batch, carry, ctx):
         loss, grads = value_and_grad(params, attack.poison_batch(batch, ctx.client_input))
         return loss, grads, carry
 
+    def finish(ctx, outcome):
+        update = attack.poison_update(outcome.update, ctx.client_input, ctx.key)
+        return ctx.row, None, None, update
+
     return LocalHook(
         "byzantine",
         direction,
-        client_inputs=client_inputs,
-        send=lambda ctx, outcome: attack.poison_update(outcome.delta, ctx.client_input, ctx.key),
+        prepare=prepare,
+        finish=finish,
         not_sent=("client_input",),
     )
 

@@ -37,7 +37,7 @@ class ClientResult(NamedTuple):
     steps: jax.Array  # [] executed local steps
     params: Params  # x_i, the final local model
     delta: Params  # x_i - x_t
-    update: Params  # what the client sends (the hooks' `send` of delta)
+    update: Params  # what the client sends (delta through the hooks' `finish`)
     rows: dict[str, Any]  # new per-client rows
     summands: dict[str, Any]  # summands averaged over the cohort
     outputs: dict[str, Any]  # outputs stacked over the cohort
@@ -104,16 +104,13 @@ class ClientWork:
     def lr(self, round_: jax.Array) -> Any:
         return client_lr_at(self.client_optimizer, round_)
 
-    def broadcast(self, server: dict[str, Any]) -> dict[str, Any]:
-        """What the clients see of the hooks' server-side states."""
-        return {h.name: h.broadcast(server[h.name]) for h in self.hook.hooks}
-
-    def client_inputs(
+    def prepare(
         self, server: dict[str, Any], cohort: Cohort, params: Params, key: jax.Array
-    ) -> dict:
-        return {
-            h.name: h.client_inputs(server[h.name], cohort, params, key) for h in self.hook.hooks
-        }
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """`({hook name: broadcast}, {hook name: client inputs [M, ...]})` of the round: the
+        hooks' `prepare` of their server-side states."""
+        out = {h.name: h.prepare(server[h.name], cohort, params, key) for h in self.hook.hooks}
+        return {n: b for n, (b, _) in out.items()}, {n: i for n, (_, i) in out.items()}
 
     def bytes_down(self, broadcast: dict[str, Any], inputs: dict[str, Any], cohort: int) -> float:
         """Bytes one client receives from the hooks: their broadcasts and its row of their
@@ -168,7 +165,7 @@ class ClientWork:
                 key,
             )
             for h in hooks
-        }  # `server` holds the hooks' broadcast values (`ClientWork.broadcast`)
+        }  # `server` holds the hooks' broadcast values (`ClientWork.prepare`)
         client_data = data.client(client)
         grad_fn = None
         if hooks:
@@ -202,12 +199,11 @@ class ClientWork:
         delta = tree_sub(result.params, params)
         new_rows, summands, outputs, update = {}, {}, {}, delta
         for h, carry in zip(hooks, result.aux or (), strict=True):
-            outcome = LocalOutcome(result.params, delta, result.steps, carry)
-            row, summand, output = h.finish(ctxs[h.name], outcome)
+            outcome = LocalOutcome(result.params, delta, update, result.steps, carry)
+            row, summand, output, update = h.finish(ctxs[h.name], outcome)
             if h.init_row is not None:
                 new_rows[h.name] = row
             summands[h.name], outputs[h.name] = summand, output
-            update = h.send(ctxs[h.name], outcome._replace(delta=update))
         return ClientResult(
             result.loss, result.steps, result.params, delta, update, new_rows, summands, outputs
         )

@@ -15,11 +15,12 @@ cohort and scattered back) and hooks inside every local step.
 A round (`step`): the cohort is drawn; each cohort client trains from the global model x_t
 with the hooks (`ClientWork.train`), its update `Delta_i = x_i - x_t` is encoded by the
 aggregator (compression, clipping, ...) and summed with the cohort weights (fused into the
-client map: no `[M, d]` array in map mode); the aggregator reduces the sum to the update,
-the hooks may correct it (`LocalHook.correct`), the server optimizer applies the
-pseudo-gradient `-update`, and the hooks and the distributor finalize their server-side
-state. Keys are those of `core` (`round_key(key, round, purpose)`, `client_key(., id)`), so
-results do not depend on cohort order or on the client-map mode.
+client map: no `[M, d]` array in map mode); the aggregator reduces the sum to the update;
+the hooks' `finalize`s wrap the server optimizer, which applies the pseudo-gradient
+`-update` (a hook may correct the update before it, move the model after it and update its
+server-side state); the distributor finalizes its own state. Keys are those of `core`
+(`round_key(key, round, purpose)`, `client_key(., id)`), so results do not depend on cohort
+order or on the client-map mode.
 
 Hyper-parameters may be traced JAX scalars (so that an algorithm can be built inside a
 `jax.vmap` over them): checks of numeric values (`fedjax_sim.core.checks`) run only on concrete
@@ -181,8 +182,7 @@ def compose(
         cohort_rows = gather_rows(state.rows, ids)
         cohort_agg_rows = gather_rows(agg_rows, ids)
         cohort = Cohort(ids, weights, t, data.num_clients)
-        inputs = work.client_inputs(state.hooks, cohort, x, round_key(key, t, EXTRA))
-        broadcast = work.broadcast(state.hooks)
+        broadcast, inputs = work.prepare(state.hooks, cohort, x, round_key(key, t, EXTRA))
         uplink = {}  # bytes one client sends, from the shapes of what it sends (at trace time)
 
         def client_fn(cid, steps, rows, agg_row, client_input):
@@ -231,47 +231,49 @@ def compose(
         contributed = total_weight > 0
         part = weights > 0
         rows = dict(state.rows)
-        changes = {}
         for name, new in new_rows.items():
-            old = cohort_rows[name]
-            kept = jax.tree.map(
-                lambda n, o: jnp.where(part.reshape(-1, *([1] * (n.ndim - 1))), n, o), new, old
-            )
-            changes[name] = jax.tree.map(lambda n, o: jnp.sum(n - o, axis=0), kept, old)
             rows[name] = scatter_rows(state.rows[name], ids, part, new)
         streamed = streamed_rows(state.rows)
         max_steps = work.local.max_steps(data.max_count)
         lr = work.lr(t)
+        mean_update = update  # what the cohort sent, before the hooks' corrections
+        servers = dict(state.hooks)
+        hook_metrics: dict[str, Metrics] = {}
+        applied = {}  # the update the server optimizer applies, and its new state
 
-        def summary(h, new_params, upd):
-            return RoundSummary(
+        def finalize(k: int, upd: Params) -> Params:
+            """Hook k's `finalize` around the hooks after it and the server optimizer."""
+            if k == len(hooks):
+                if applied:
+                    raise ValueError("a hook's finalize called server_step more than once")
+                new_params, applied["opt_state"] = server_update(
+                    x, upd, server_opt, state.opt_state, contributed
+                )
+                applied["update"] = upd
+                return new_params
+            h = hooks[k]
+            summary = RoundSummary(
                 params=x,
-                new_params=new_params,
                 update=upd,
-                ids=ids,
-                weights=weights,
-                contributed=contributed,
+                cohort=cohort,
                 mean=hook_means[h.name],
                 outputs=outputs[h.name],
                 rows=None if streamed or h.name not in rows else rows[h.name].value,
-                row_change=changes.get(h.name),
-                num_clients=data.num_clients,
                 local_steps=max_steps,
                 lr=lr,
-                round=t,
             )
+            servers[h.name], new_params, hook_metrics[h.name] = h.finalize(
+                servers[h.name], summary, lambda u: finalize(k + 1, u)
+            )
+            return new_params
 
-        mean_update = update  # what the cohort sent, before the hooks' corrections
-        servers = dict(state.hooks)
-        for h in hooks:
-            servers[h.name], update = h.correct(servers[h.name], summary(h, None, update))
-        params, opt_state = server_update(x, update, server_opt, state.opt_state, contributed)
+        params = finalize(0, update)
+        if not applied:
+            raise ValueError("a hook's finalize must call server_step (once)")
+        opt_state, update = applied["opt_state"], applied["update"]
         metrics: Metrics = {}
         for h in hooks:
-            servers[h.name], m = h.finalize(servers[h.name], summary(h, params, update))
-            metrics.update(m)
-        for h in hooks:
-            params = h.adjust(servers[h.name], summary(h, params, update))
+            metrics.update(hook_metrics[h.name])
         cohort_state, cohort_metrics = distributor.finalize(
             state.cohort,
             DistributorSummary(x, params, update, ids, weights, hook_means, t),

@@ -441,7 +441,7 @@ def weighted_mean(stacked: Params, weights: jax.Array) -> Params:
 
 
 class Cohort(NamedTuple):
-    """A round's cohort, as the hooks' `client_inputs` and the aggregator's `reduce` see it."""
+    """A round's cohort, as the hooks' `prepare` and the aggregator's `reduce` see it."""
 
     ids: jax.Array  # [M] client ids
     weights: jax.Array  # [M] aggregation weights (0: does not contribute)

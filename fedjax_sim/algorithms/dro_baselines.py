@@ -87,14 +87,15 @@ def snapshot(steps: int) -> LocalHook:
     def finish(ctx, outcome):
         last = ctx.client_input >= outcome.steps  # t' = I (or beyond a straggler's work)
         snap = jax.tree.map(lambda f, s: jnp.where(last, f, s), outcome.params, outcome.carry[0])
-        return None, tree_sub(snap, ctx.anchor), None
+        return None, tree_sub(snap, ctx.anchor), None, outcome.update
+
+    def prepare(server, cohort, params, key):
+        return server, jnp.broadcast_to(_draw_snapshot(key, steps), cohort.ids.shape)
 
     return LocalHook(
         "snapshot",
         direction,
-        client_inputs=lambda server, cohort, params, key: jnp.broadcast_to(
-            _draw_snapshot(key, steps), cohort.ids.shape
-        ),
+        prepare=prepare,
         start=lambda ctx: (ctx.anchor, jnp.int32(0)),
         finish=finish,
         not_sent=("client_input",),  # t' is drawn from the round's key, known to all

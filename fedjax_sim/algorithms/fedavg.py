@@ -127,15 +127,13 @@ def normalized_steps() -> LocalHook:
     the weighted mean by `tau_eff = sum_i w_i tau_i / sum_i w_i`."""
 
     def finish(ctx, outcome):
-        return None, outcome.steps.astype(jax.dtypes.canonicalize_dtype(jnp.float64)), None
+        tau = outcome.steps.astype(jax.dtypes.canonicalize_dtype(jnp.float64))
+        return None, tau, None, tree_scale(outcome.update, 1.0 / jnp.maximum(outcome.steps, 1))
 
-    def send(ctx, outcome):
-        return tree_scale(outcome.delta, 1.0 / jnp.maximum(outcome.steps, 1))
+    def finalize(server, s, server_step):
+        return server, server_step(tree_scale(s.update, s.mean)), {}
 
-    def correct(server, s):
-        return server, tree_scale(s.update, s.mean)
-
-    return LocalHook("normalized_steps", finish=finish, send=send, correct=correct)
+    return LocalHook("normalized_steps", finish=finish, finalize=finalize)
 
 
 @preset()

@@ -93,9 +93,9 @@ def perturbation(
     num_clients = graph.num_clients
     row_normalised = np.asarray(graph.row_normalised)  # [C, C] float64, rows sum to 1 or 0
 
-    def client_inputs(last_w, cohort, params, key):
+    def prepare(last_w, cohort, params, key):
         rows = jnp.asarray(row_normalised, float_dtype())[cohort.ids]  # [M, C]
-        return perturbation_anchors(last_w, params, rows)
+        return None, perturbation_anchors(last_w, params, rows)
 
     def direction(value_and_grad, params, batch, carry, ctx):
         anchor = ctx.client_input
@@ -104,19 +104,21 @@ def perturbation(
         return loss, grads, carry
 
     def finish(ctx, outcome):
-        return None, tree_norm(tree_sub(ctx.client_input, ctx.anchor)), outcome.params
+        gap = tree_norm(tree_sub(ctx.client_input, ctx.anchor))
+        return None, gap, outcome.params, outcome.update
 
-    def finalize(last_w, s: RoundSummary):
-        reported = s.weights > 0
-        last_w = scatter_rows(last_w, s.ids, reported, s.outputs)
+    def finalize(last_w, s: RoundSummary, server_step):
+        params = server_step(s.update)
+        reported = s.cohort.weights > 0
+        last_w = scatter_rows(last_w, s.cohort.ids, reported, s.outputs)
         if stale == "global":
-            fill = jnp.zeros(num_clients, bool).at[s.ids].set(reported)
+            fill = jnp.zeros(num_clients, bool).at[s.cohort.ids].set(reported)
             last_w = jax.tree.map(
                 lambda w, g: jnp.where(fill.reshape(-1, *(1,) * g.ndim), w, g[None]),
                 last_w,
-                s.new_params,
+                params,
             )
-        return last_w, {"anchor_gap": s.mean}  # p-weighted mean ||u_i - w_bar_t||
+        return last_w, params, {"anchor_gap": s.mean}  # p-weighted mean ||u_i - w_bar_t||
 
     return LocalHook(
         "perturbation",
@@ -124,8 +126,7 @@ def perturbation(
         init_server=lambda params: jax.tree.map(
             lambda x: jnp.broadcast_to(x, (num_clients, *x.shape)), params
         ),
-        client_inputs=client_inputs,
-        broadcast=lambda last_w: None,
+        prepare=prepare,
         finish=finish,
         finalize=finalize,
         # the server has x_i = x_t + Delta_i; ||u_i - x_t|| is a diagnostic

@@ -116,7 +116,8 @@ def _fgdro_options(o: Options) -> Options:
 def _averaged(server: Any, s: RoundSummary, new: Any) -> Any:
     """The averaged variables `new` (in the old dtypes), or the old ones if nobody
     contributed."""
-    return jax.tree.map(lambda a, b: jnp.where(s.contributed, a, b).astype(b.dtype), new, server)
+    contributed = s.contributed
+    return jax.tree.map(lambda a, b: jnp.where(contributed, a, b).astype(b.dtype), new, server)
 
 
 # ------------------------------------------------------------------------------ hooks
@@ -149,13 +150,14 @@ def cvar_threshold(
 
     def finish(ctx, outcome):
         u, s = outcome.carry
-        return u, s, None
+        return u, s, None, outcome.update
 
-    def finalize(threshold, s: RoundSummary):
+    def finalize(threshold, s: RoundSummary, server_step):
+        params = server_step(s.update)
         threshold = _averaged(threshold, s, s.mean)
         u = s.rows
         if u is None:  # streamed rows: no statistics over all clients
-            return threshold, {"threshold": threshold}
+            return threshold, params, {"threshold": threshold}
         metrics = {
             "threshold": threshold,
             "cvar_objective": cvar_objective(u, threshold, k),
@@ -164,7 +166,7 @@ def cvar_threshold(
         }
         if client_metrics:
             metrics.update(u=u, client_weights=cvar_weights(u, k))
-        return threshold, metrics
+        return threshold, params, metrics
 
     return LocalHook(
         "cvar",
@@ -216,22 +218,24 @@ def kl_weighting(
 
     def finish(ctx, outcome):
         u, v = outcome.carry
-        return (u, None, v) if log_domain else (u, v, None)
+        return (u, None, v, outcome.update) if log_domain else (u, v, None, outcome.update)
 
-    def finalize(v, s: RoundSummary):
+    def finalize(v, s: RoundSummary, server_step):
+        params = server_step(s.update)
+        weights = s.cohort.weights
         if log_domain:
-            new = jax.nn.logsumexp(s.outputs, b=s.weights) - jnp.log(jnp.sum(s.weights))
+            new = jax.nn.logsumexp(s.outputs, b=weights) - jnp.log(jnp.sum(weights))
         else:
             new = s.mean
         v = _averaged(v, s, new)
         u = s.rows
         metrics = {"log_v": v if log_domain else jnp.log(v)}
         if u is None:  # streamed rows: no statistics over all clients
-            return v, metrics
+            return v, params, metrics
         metrics["kl_objective"] = kl_objective(u, temperature)
         if client_metrics:
             metrics.update(u=u, client_weights=kl_weights(u, temperature))
-        return v, metrics
+        return v, params, metrics
 
     v0 = 0.0 if log_domain else 1.0
     return LocalHook(
@@ -274,8 +278,8 @@ def local_moments(beta3: Any, adam: tuple[Any, Any] | None = None) -> LocalHook:
         direction,
         init_server=init_server,
         start=lambda ctx: ctx.server,
-        finish=lambda ctx, outcome: (None, outcome.carry, None),
-        finalize=lambda mq, s: (_averaged(mq, s, s.mean), {}),
+        finish=lambda ctx, outcome: (None, outcome.carry, None, outcome.update),
+        finalize=lambda mq, s, server_step: (_averaged(mq, s, s.mean), server_step(s.update), {}),
     )
 
 

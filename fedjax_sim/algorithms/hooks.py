@@ -41,7 +41,7 @@ def _zeros(params: Params) -> Params:
 
 def _sum_sent(s: RoundSummary) -> Params:
     """The sum over the contributing clients (weight > 0) of the hook's outputs `[M, ...]`."""
-    part = s.weights > 0
+    part = s.cohort.weights > 0
     return jax.tree.map(
         lambda o: jnp.sum(jnp.where(part.reshape(-1, *([1] * (o.ndim - 1))), o, 0), axis=0),
         s.outputs,
@@ -88,11 +88,12 @@ def control_variates() -> LocalHook:
         eta = _lr(ctx, "control_variates (SCAFFOLD)")
         scale = -1.0 / (jnp.maximum(outcome.steps, 1) * eta)  # (x_t - y_K)/(K eta)
         row = tree_add(tree_sub(ctx.row, ctx.server), tree_scale(outcome.delta, scale))
-        return row, None, tree_sub(row, ctx.row)
+        return row, None, tree_sub(row, ctx.row), outcome.update
 
-    def finalize(c, s: RoundSummary):
-        c = tree_add(c, tree_scale(_sum_sent(s), 1.0 / s.num_clients))
-        return c, {"control_norm": tree_norm(c)}
+    def finalize(c, s: RoundSummary, server_step):
+        params = server_step(s.update)
+        c = tree_add(c, tree_scale(_sum_sent(s), 1.0 / s.cohort.num_clients))
+        return c, params, {"control_norm": tree_norm(c)}
 
     return LocalHook(
         "control_variates",
@@ -109,7 +110,9 @@ def dynamic_regularizer(regularization: float) -> LocalHook:
     """FedDyn (Acar et al., ICLR 2021) with coefficient `a = regularization`: direction
     `g - h_i + a (w - x_t)`; `h_i <- h_i - a Delta_i`; the server keeps
     `h <- h + (1/C) sum_{i in S} (h_i+ - h_i)` and moves the model after its step by `- h / a`
-    (`x_{t+1} = mean x_i - h / a` with the server's SGD(1); an empty round keeps x_t)."""
+    (`x_{t+1} = mean x_i - h / a` with the server's SGD(1); an empty round keeps x_t). The
+    clients' `h_i+ - h_i` is an output the server recomputes from their updates (not sent);
+    h stays on the server."""
     positive("FedDyn regularization", regularization)
     a = regularization
 
@@ -119,25 +122,25 @@ def dynamic_regularizer(regularization: float) -> LocalHook:
         return loss, d, carry
 
     def finish(ctx, outcome):
-        return tree_sub(ctx.row, tree_scale(outcome.delta, a)), None, None
+        row = tree_sub(ctx.row, tree_scale(outcome.delta, a))
+        return row, None, tree_sub(row, ctx.row), outcome.update
 
-    def correct(h, s: RoundSummary):
-        return tree_add(h, tree_scale(s.row_change, 1.0 / s.num_clients)), s.update
-
-    def adjust(h, s: RoundSummary):
-        moved = tree_sub(s.new_params, tree_scale(h, 1.0 / a))
-        return jax.tree.map(lambda m, p: jnp.where(s.contributed, m, p), moved, s.new_params)
+    def finalize(h, s: RoundSummary, server_step):
+        h = tree_add(h, tree_scale(_sum_sent(s), 1.0 / s.cohort.num_clients))
+        params = server_step(s.update)
+        moved = tree_sub(params, tree_scale(h, 1.0 / a))
+        params = jax.tree.map(lambda m, p: jnp.where(s.contributed, m, p), moved, params)
+        return h, params, {"h_norm": tree_norm(h)}
 
     return LocalHook(
         "dynamic_regularizer",
         direction,
         init_row=_zeros,
         init_server=_zeros,
+        prepare=lambda h, cohort, params, key: (None, None),
         finish=finish,
-        correct=correct,
-        finalize=lambda h, s: (h, {"h_norm": tree_norm(h)}),
-        adjust=adjust,
-        broadcast=lambda h: None,  # h stays on the server
+        finalize=finalize,
+        not_sent=("output",),
     )
 
 
@@ -154,14 +157,15 @@ def client_momentum(momentum: float) -> LocalHook:
         d = jax.tree.map(lambda g_, m_: weight * g_ + (1.0 - weight) * m_, g, ctx.server)
         return loss, d, carry
 
-    def finalize(d, s: RoundSummary):
+    def finalize(d, s: RoundSummary, server_step):
+        params = server_step(s.update)
         eta = s.lr
         if eta is None:
             raise ValueError("client_momentum needs a float or schedule client_optimizer")
         # -Delta / (eta K), as the displacement x_t - (x_t + Delta): the server-side D of FedCM
         moved = tree_sub(s.params, tree_add(s.params, s.update))
         d = tree_scale(moved, 1.0 / (eta * s.local_steps))
-        return d, {"momentum_norm": tree_norm(d)}
+        return d, params, {"momentum_norm": tree_norm(d)}
 
     return LocalHook(
         "client_momentum",
@@ -244,18 +248,22 @@ def multistep_inertia(
         d = jax.tree.map(lambda g_, m: damping * g_ + m * inv_lr, g, inertia)
         return loss, d, carry
 
-    def finalize(history, s: RoundSummary):
+    def prepare(history, cohort, params, key):
+        return (combine(momentum, history), combine(lookahead, history)), None
+
+    def finalize(history, s: RoundSummary, server_step):
+        params = server_step(s.update)
         metrics = {"inertia_norm": tree_norm(combine(momentum, history))}
         if num:
-            newest = tree_scale(tree_sub(s.params, s.new_params), 1.0 / s.local_steps)
+            newest = tree_scale(tree_sub(s.params, params), 1.0 / s.local_steps)
             history = jax.tree.map(lambda h, d: jnp.concatenate([d[None], h[:-1]]), history, newest)
-        return history, metrics
+        return history, params, metrics
 
     return LocalHook(
         "multistep_inertia",
         direction,
         init_server=lambda p: jax.tree.map(lambda x: jnp.zeros((num, *x.shape), x.dtype), p),
-        broadcast=lambda history: (combine(momentum, history), combine(lookahead, history)),
+        prepare=prepare,
         finalize=finalize,
         # the clients form M and P from the models x_t they received (spec fedmim.md 2.2)
         not_sent=("broadcast",),

@@ -1,13 +1,25 @@
-"""The local-step hook protocol (`LocalHook`, what a hook sees: `HookContext`,
-`LocalOutcome`, `RoundSummary`) and `chain`. The published hooks are in `hooks`."""
+"""The local-step hook protocol (`LocalHook`, its phases `Prepare`, `Start`, `Direction`,
+`Finish`, `Finalize`, what a hook sees: `HookContext`, `LocalOutcome`, `RoundSummary`) and
+`chain`. The published hooks are in `hooks`.
+
+A round of one hook, in its phases (shapes: M the cohort, C the clients):
+
+    init_row / init_server   params -> one client's row / the server-side state (at init)
+    prepare                  server, cohort, x_t, key -> broadcast, client inputs [M, ...]
+    start                    ctx -> carry at local step 0                       (per client)
+    direction                each local step: the direction the client optimizer applies
+    finish                   ctx, outcome -> new row, summand, output, update   (per client)
+    finalize                 server, summary, server_step -> server, x_{t+1}, metrics
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import jax
+import jax.numpy as jnp
 
 from fedjax_sim.algorithms.core import (
     Cohort,
@@ -21,9 +33,9 @@ class HookContext(NamedTuple):
 
     Attributes:
       anchor: x_t, the model the client started from (the broadcast global model).
-      server: the hook's server-side state (broadcast to the client), or None.
+      server: what the hook's `prepare` broadcast to the clients, or None.
       row: the client's per-client row of the hook, or None.
-      client_input: the hook's per-client input of the round (`LocalHook.client_inputs`).
+      client_input: the client's row of the hook's client inputs of the round (`prepare`).
       round: [] the round (asynchronous algorithms: the iteration at which it read x_t).
       lr: the client learning rate of that round (None for an optax client optimizer).
       client: [] the client id.
@@ -45,107 +57,157 @@ class LocalOutcome(NamedTuple):
 
     params: Params  # final local model x_i
     delta: Params  # x_i - x_t
+    update: Params  # what the client sends so far: delta, or the previous hook's in a chain
     steps: jax.Array  # [] executed local steps K_i
     carry: Any  # the hook's final carry
 
 
 class RoundSummary(NamedTuple):
-    """The round as the hooks' `correct` / `finalize` and the distributor see it.
+    """The round as the hooks' `finalize` sees it.
 
-    `mean`, `outputs`, `rows` and `row_change` are the hook's own (its summands' weighted
-    mean, its stacked per-client outputs `[M, ...]`, its rows of all clients after the round
-    `[C, ...]`, None when the rows are streamed (`state_rows="host"`), and the sum over
-    contributing clients of `new row - old row`)."""
+    `mean`, `outputs` and `rows` are the hook's own: its summands' weighted mean, its stacked
+    per-client outputs `[M, ...]` (rows of clients with weight 0 included) and its rows of all
+    clients after the round `[C, ...]` (None when the rows are streamed, `state_rows="host"`).
+    `contributed` tells whether anybody did."""
 
     params: Params  # x_t
-    new_params: Params | None  # x_{t+1} (None in `correct`, which runs before the server step)
-    update: Params  # the aggregated update (the pseudo-gradient is its negative)
-    ids: jax.Array  # [M] cohort ids
-    weights: jax.Array  # [M] aggregation weights (0: did not contribute)
-    contributed: jax.Array  # [] bool: total weight > 0
+    update: Params  # the aggregated update as it reaches this hook (the hooks before it
+    #                 in the chain corrected it already); the pseudo-gradient is its negative
+    cohort: Cohort  # ids [M], weights [M] (0: did not contribute), round, num_clients C
     mean: Any
     outputs: Any
     rows: Any
-    row_change: Any
-    num_clients: int
     local_steps: int  # static length of the local scan (K)
     lr: Any  # client learning rate of the round (None for an optax client optimizer)
-    round: jax.Array
+
+    @property
+    def contributed(self) -> jax.Array:
+        """[] bool: somebody contributed (a weight > 0)."""
+        return jnp.any(self.cohort.weights > 0)
 
 
-def _none(*_: Any) -> None:
+ServerStep = Callable[[Params], Params]
+"""`update -> x_{t+1}`: the rest of the round's server step from an update (the next hooks'
+`finalize`s, then the server optimizer on the pseudo-gradient `-update`; x_t when nobody
+contributed). A hook's `finalize` calls it exactly once."""
+
+
+class Prepare(Protocol):
+    def __call__(
+        self, server: Any, cohort: Cohort, params: Params, key: jax.Array
+    ) -> tuple[Any, Any]:
+        """`(server state, cohort, x_t, key) -> (broadcast, client inputs [M, ...])` once per
+        round on the server: what every client sees as `ctx.server` and the per-client inputs
+        of the `core.Cohort` (row m is `ctx.client_input` of client `cohort.ids[m]`; e.g.
+        FedLPS' anchors from every client's last model, DRFA's snapshot step, the Byzantine
+        flags). `key` is the round's `round_key(key, round, EXTRA)`."""
+
+
+class Start(Protocol):
+    def __call__(self, ctx: HookContext) -> Any:
+        """`ctx -> carry` at local step 0: the hook's state across the local steps (e.g.
+        FGDRO's `(u_i, s)` from the client's row and the broadcast threshold)."""
+
+
+class Direction(Protocol):
+    def __call__(
+        self,
+        value_and_grad: Callable[[Params, Any], tuple[jax.Array, Params]],
+        params: Params,
+        batch: Any,
+        carry: Any,
+        ctx: HookContext,
+    ) -> tuple[jax.Array, Params, Any]:
+        """`(value_and_grad, w, batch, carry, ctx) -> (loss [], direction (params' shapes),
+        carry)`: one local step's direction (the client optimizer applies it).
+        `value_and_grad(w, batch) -> (loss, gradient)` is the gradient oracle of the hooks
+        before this one in a `chain` (the loss's own first)."""
+
+
+class Finish(Protocol):
+    def __call__(self, ctx: HookContext, outcome: LocalOutcome) -> tuple[Any, Any, Any, Params]:
+        """`(ctx, outcome) -> (new row, summand, output, update)` after local training: the
+        client's new row (ignored without `init_row`), a summand averaged over the cohort with
+        the aggregation weights (`RoundSummary.mean`), an output stacked `[M, ...]`
+        (`RoundSummary.outputs`) and the update the client sends (`outcome.update`, or e.g.
+        FedNova's `Delta_i / tau_i`, a Byzantine client's poisoned one; the next hook of a
+        chain sees it as its `outcome.update`)."""
+
+
+class Finalize(Protocol):
+    def __call__(
+        self, server: Any, summary: RoundSummary, server_step: ServerStep
+    ) -> tuple[Any, Params, Metrics]:
+        """`(server state, summary, server_step) -> (server state, x_{t+1}, metrics)`: the
+        hook's part of the server step, around the rest of it: it may correct the update
+        before `server_step` (FedDyn's h, FedNova's tau_eff), update its state and move the
+        model after it (FedDyn's `x_{t+1} - h / a`). Hooks earlier in a chain wrap later ones."""
+
+
+def _init_server(params: Params) -> None:
     return None
 
 
-def _no_finish(ctx: HookContext, outcome: LocalOutcome) -> tuple[Any, Any, Any]:
-    return ctx.row, None, None
+def _prepare(server: Any, cohort: Cohort, params: Params, key: jax.Array) -> tuple[Any, Any]:
+    return server, None
 
 
-def _no_correct(server: Any, summary: RoundSummary) -> tuple[Any, Params]:
-    return server, summary.update
+def _start(ctx: HookContext) -> None:
+    return None
 
 
-def _no_finalize(server: Any, summary: RoundSummary) -> tuple[Any, Metrics]:
-    return server, {}
-
-
-def _plain_direction(value_and_grad, params, batch, carry, ctx):
+def _direction(value_and_grad, params, batch, carry, ctx):
     loss, grads = value_and_grad(params, batch)
     return loss, grads, carry
 
 
+def _finish(ctx: HookContext, outcome: LocalOutcome) -> tuple[Any, Any, Any, Params]:
+    return ctx.row, None, None, outcome.update
+
+
+def _finalize(
+    server: Any, summary: RoundSummary, server_step: ServerStep
+) -> tuple[Any, Params, Metrics]:
+    return server, server_step(summary.update), {}
+
+
 @dataclasses.dataclass(frozen=True)
 class LocalHook:
-    """A local-step hook and the per-client and server-side state it needs.
+    """A local-step hook: its phases and the per-client and server-side state they keep.
 
     Attributes:
       name: key of the hook's state in `FederatedState.rows` / `.hooks`.
-      direction: `(value_and_grad, params, batch, carry, ctx) -> (loss, direction, carry)`:
-        the local step's direction (the client optimizer applies it). `value_and_grad` is the
-        gradient oracle of the hooks before this one in a `chain` (the loss's own first).
+      direction: `Direction`, the local step's direction.
       init_row: `params -> row` of one client (None: no per-client state); rows of all C
         clients are stacked `[C, ...]` at `init`.
-      init_server: `params -> server-side state` broadcast to the clients (None: none).
-      client_inputs: `(server, cohort, params, key) -> [M, ...]` per-client inputs of a
-        round computed on the server for the `core.Cohort` (e.g. FedLPS' anchors from every
-        client's last model, DRFA's snapshot step); `key` is the round's
-        `round_key(key, round, EXTRA)`.
-      start: `ctx -> carry` at local step 0 (state carried across local steps).
-      finish: `(ctx, outcome) -> (new row, summand, output)` after local training: the
-        client's new row, a summand averaged over the cohort with the aggregation weights,
-        and an output stacked `[M, ...]`.
-      correct: `(server, summary) -> (server, update)` before the server step (e.g. FedDyn's
-        `- h / alpha`).
-      finalize: `(server, summary) -> (server, metrics)` after the server step.
-      adjust: `(server, summary) -> params`: the global model after the server step and the
-        `finalize`s (default `summary.new_params`; FedDyn's `x_{t+1} - h / alpha`).
+      init_server: `params -> server-side state` (default None).
+      prepare: `Prepare`, the round's broadcast and client inputs (default: the server state
+        itself, no client inputs).
+      start: `Start`, the carry at local step 0 (default None).
+      finish: `Finish`, after local training (default: the row kept, no summand, no output,
+        the update passed on).
+      finalize: `Finalize`, around the server step (default: the update passed on).
       not_sent: the parts of a round the simulation moves but the protocol does not send,
         because their receiver recomputes them (`"broadcast"`, `"client_input"`, `"summand"`,
         `"output"`; e.g. FedLPS' output, the client's final model `x_t + Delta_i`). Every
         other part is counted in `bytes_up` (summand, output: per client) and `bytes_down`
         (broadcast, client input: per client), from its shapes and dtypes.
-      broadcast: `server -> what the clients see as ctx.server` (computed once per round).
-      send: `(ctx, outcome) -> the update the client sends` (default `outcome.delta`; in a
-        chain each hook transforms the previous one's, e.g. FedNova's `Delta_i / tau_i`).
     """
 
     name: str
-    direction: Callable[..., tuple[jax.Array, Params, Any]] = _plain_direction
+    direction: Direction = _direction
     init_row: Callable[[Params], Any] | None = None
-    init_server: Callable[[Params], Any] = _none
-    client_inputs: Callable[[Any, Cohort, Params, jax.Array], Any] = _none
-    start: Callable[[HookContext], Any] = _none
-    finish: Callable[[HookContext, LocalOutcome], tuple[Any, Any, Any]] = _no_finish
-    correct: Callable[[Any, RoundSummary], tuple[Any, Params]] = _no_correct
-    finalize: Callable[[Any, RoundSummary], tuple[Any, Metrics]] = _no_finalize
-    adjust: Callable[[Any, RoundSummary], Params] = lambda server, summary: summary.new_params
+    init_server: Callable[[Params], Any] = _init_server
+    prepare: Prepare = _prepare
+    start: Start = _start
+    finish: Finish = _finish
+    finalize: Finalize = _finalize
     not_sent: tuple[str, ...] = ()
-    broadcast: Callable[[Any], Any] = lambda server: server
-    send: Callable[[HookContext, LocalOutcome], Params] = lambda ctx, outcome: outcome.delta
 
 
 class Chain(NamedTuple):
-    """Hooks applied in order: hook k's gradient oracle is hook k-1's direction."""
+    """Hooks applied in order: hook k's gradient oracle is hook k-1's direction, its
+    `finish` sees hook k-1's update, and its `finalize` runs inside hook k-1's."""
 
     hooks: tuple[LocalHook, ...]
 

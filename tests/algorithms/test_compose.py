@@ -16,7 +16,7 @@ from fedjax_sim.algorithms.compression import TopK
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec, Stragglers
 from fedjax_sim.algorithms.distributors import forced_cohorts
 from fedjax_sim.algorithms.hooks import control_variates
-from fedjax_sim.algorithms.local_hook import chain
+from fedjax_sim.algorithms.local_hook import LocalHook, chain
 from fedjax_sim.data import least_squares
 from fedjax_sim.models import linear_regression
 
@@ -155,6 +155,48 @@ def test_forced_cohorts_and_reported_ids():
         np.testing.assert_array_equal(m["cohort_weights"], [8.0, 8.0])
     with pytest.raises(ValueError, match="shape"):
         forced_cohorts(np.arange(3))
+
+
+def _scaling(name, sent, corrected):
+    """A hook that sends `sent * update` and corrects the server's update by `corrected`."""
+
+    def finish(ctx, outcome):
+        return ctx.row, None, None, jax.tree.map(lambda u: sent * u, outcome.update)
+
+    def finalize(server, s, server_step):
+        new = server_step(jax.tree.map(lambda u: corrected * u, s.update))
+        return server, new, {name: s.update["w"]}
+
+    return LocalHook(name, finish=finish, finalize=finalize)
+
+
+def test_chained_hooks_pass_the_update_on_and_wrap_the_server_step(x64):
+    """Each hook's `finish` sees the previous hook's update; each `finalize` sees the update
+    as the hooks before it corrected it and wraps the next ones and the server step."""
+    problem = least_squares(num_clients=4, examples_per_client=6, dim=3, seed=1)
+    key = jax.random.key(0)
+    w0 = {"w": jnp.ones(3, jnp.float64)}
+
+    def composed(*hooks):
+        work = ClientWork(linear_regression(3).loss, local=LocalSpec(steps=2), hook=chain(*hooks))
+        return compose(work, cohort=CohortSpec(size=4))
+
+    plain = composed()
+    fedavg_state, m = plain.step(plain.init(w0, key), problem.data, key)
+    mean = np.asarray(fedavg_state.params["w"]) - 1.0  # the mean Delta_i
+    alg = composed(_scaling("a", 2.0, 3.0), _scaling("b", 2.0, 5.0))
+    state, m2 = alg.step(alg.init(w0, key), problem.data, key)
+    np.testing.assert_allclose(m2["a"], 4 * mean, rtol=1e-12)  # sent 2 * 2 * Delta_i
+    np.testing.assert_allclose(m2["b"], 12 * mean, rtol=1e-12)  # corrected by a
+    np.testing.assert_allclose(np.asarray(state.params["w"]) - 1.0, 60 * mean, rtol=1e-12)
+    np.testing.assert_allclose(m2["update_norm"], 4 * m["update_norm"], rtol=1e-12)
+
+    def skipping(server, s, server_step):
+        return server, s.params, {}
+
+    alg = composed(LocalHook("skip", finalize=skipping))
+    with pytest.raises(ValueError, match="must call server_step"):
+        alg.step(alg.init(w0, key), problem.data, key)
 
 
 def test_traced_hyper_parameters_equal_static_ones():
