@@ -576,6 +576,17 @@ TABLES: dict[str, Table] = {
             ("XLA temp MiB", lambda r: num((r.get("xla_temp_bytes") or 0) / 2**20)),
         ],
     ),
+    "no_slower": Table(
+        [
+            ("workload", lambda r: r["label"]),
+            ("what is timed", key("what")),
+            ("before s (median)", lambda r: num(statistics.median(r["seconds_before"]))),
+            ("after s (median)", lambda r: num(statistics.median(r["seconds_after"]))),
+            ("after / before per pair", lambda r: ", ".join(f"{x:.3f}" for x in r["ratios"])),
+            ("median ratio", lambda r: f"{r['ratio_median']:.3f}"),
+            ("within 2 %", lambda r: "yes" if r["within_2_percent"] else "**no**"),
+        ]
+    ),
     "traced_hparams_scan": Table(
         [
             ("algorithm", key("algorithm")),
