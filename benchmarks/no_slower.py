@@ -16,7 +16,9 @@ autotune cache both share):
   process's wall time.
 
 Rows (suite `no_slower`, label `<workload>`) carry both checkouts' times per pair, the ratios
-and their median; the target is a median ratio <= 1.02 (within 2 % or faster).
+and their median; the target is a median ratio <= 1.02 (within 2 % or faster). The W1 row
+also says whether both checkouts compile W1's round to the same optimized program (XLA's
+text without source locations, hashed): then any time difference is the machine's noise.
 """
 
 from __future__ import annotations
@@ -47,6 +49,32 @@ b = workloads.build(workloads.PRESETS["W1"])
 t = measure.time_round(b.algorithm.step, b.state, b.data, b.key, {repeats})
 print("SECONDS", statistics.median(t["times"]))
 """
+
+
+# W1's compiled round (8 clients: the same program structure) as text without source
+# locations, hashed: equal hashes mean both checkouts run the same optimized program.
+W1_HLO = """
+import hashlib, re
+try:
+    from fedjax_sim.app.bench import workloads
+except ImportError:
+    from fedjax_sim.bench import workloads
+import jax
+b = workloads.build(workloads.PRESETS["W1"].replace(clients=8))
+text = jax.jit(b.algorithm.step).lower(b.state, b.data, b.key).compile().as_text()
+lines = [re.sub(r", metadata=\\{[^}]*\\}|stack_frame_id=[0-9]+", "", line)
+         for line in text.splitlines() if not re.match(r'^[0-9]+ [{"]', line)]
+print("HLO", hashlib.sha256("\\n".join(lines).encode()).hexdigest())
+"""
+
+
+def w1_program(tree: str) -> str:
+    """Hash of W1's optimized program on the checkout `tree` (source locations removed)."""
+    env = {**os.environ, "PYTHONPATH": tree}
+    proc = subprocess.run([sys.executable, "-c", W1_HLO], env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"W1 program on {tree} failed:\n{proc.stderr[-2000:]}")
+    return next(x.split()[1] for x in proc.stdout.splitlines() if x.startswith("HLO "))
 
 
 def command(workload: str, out: str, repeats: int) -> list[str]:
@@ -122,6 +150,9 @@ def main(argv: list[str] | None = None) -> None:
                     times[name].append(measure_once(tree, workload, args.repeats))
             ratios = [a / b for a, b in zip(times["after"], times["before"], strict=True)]
             ratio = statistics.median(ratios)
+            same = None
+            if workload == "W1":
+                same = w1_program(trees["before"]) == w1_program(trees["after"])
             rec.add(
                 workload,
                 before_commit=before_ref,
@@ -130,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
                 ratios=ratios,
                 ratio_median=ratio,
                 within_2_percent=ratio <= 1.02,
+                same_compiled_program=same,
                 what="in-process s/round" if workload == "W1" else "whole-process wall s",
             )
             rec.write()
