@@ -585,6 +585,10 @@ TABLES: dict[str, Table] = {
             ("after / before per pair", lambda r: ", ".join(f"{x:.3f}" for x in r["ratios"])),
             ("median ratio", lambda r: f"{r['ratio_median']:.3f}"),
             ("within 2 %", lambda r: "yes" if r["within_2_percent"] else "**no**"),
+            (
+                "same compiled program",
+                lambda r: {True: "yes", False: "no"}.get(r.get("same_compiled_program"), "–"),
+            ),
         ]
     ),
     "traced_hparams_scan": Table(
