@@ -1,5 +1,5 @@
 """Before vs after a change, side by side in one sitting: the default job, W1 and a 16-run
-sweep, each run alternately on the two checkouts (A B A B ...), ratio after/before per pair.
+sweep, each run alternately on the two checkouts (A B, B A, A B, ...), ratio after/before per pair.
 
     python benchmarks/no_slower.py --before 1ba5437 --pairs 5
 
@@ -145,8 +145,9 @@ def main(argv: list[str] | None = None) -> None:
             for tree in trees.values():  # warm-up: compile caches, autotune cache
                 measure_once(tree, workload, args.repeats)
             times: dict[str, list[float]] = {"before": [], "after": []}
-            for _ in range(args.pairs):
-                for name, tree in trees.items():
+            for pair in range(args.pairs):  # A B, B A, A B, ...: no checkout always runs first
+                order = list(trees.items()) if pair % 2 == 0 else list(trees.items())[::-1]
+                for name, tree in order:
                     times[name].append(measure_once(tree, workload, args.repeats))
             ratios = [a / b for a, b in zip(times["after"], times["before"], strict=True)]
             ratio = statistics.median(ratios)
