@@ -221,9 +221,29 @@ def final_state(
 
 # ------------------------------------------------------------------------------ the API
 class DifferentiableRun:
-    """The objective after T rounds as a function of `(hparams, params)`, compiled once per
-    input structure: `value`, `value_and_grad`, `final_state`. Build with
-    `differentiable_run`."""
+    """The objective `objective(final state)` after `num_rounds` rounds of
+    `make_algorithm(hparams)` started from the initial model, differentiable w.r.t. the
+    hyper-parameters and the initial model.
+
+    Args:
+      make_algorithm: `hparams -> Algorithm`, called inside the differentiated function
+        with traced values (every preset accepts traced numeric hyper-parameters).
+      objective: `final state -> real scalar`: `central_loss(model, test)`,
+        `clients_loss(model, x, y, counts)`, or any function of the state.
+      num_rounds: T >= 1.
+      remat: None (no rematerialisation), L in [1, T] rounds per `jax.checkpoint` chunk,
+        or "sqrt" (L = ceil(sqrt(T))).
+      window: differentiate only the last W rounds (1 <= W <= T; W = T is the full gradient).
+      mode: "reverse" (`jax.value_and_grad`) or "forward" (one `jax.jvp` per coordinate of
+        the inputs in `wrt`: for a few scalar hyper-parameters).
+      wrt: "hparams", "params" or both (the default).
+
+    Raises ValueError (one line) for a bad setting here, and for bad inputs when called
+    (before compiling).
+
+    Methods (each compiled once per input structure): `value`, `value_and_grad`,
+    `final_state`, all of `(hparams, params, data, key)`.
+    """
 
     def __init__(
         self,
@@ -234,7 +254,7 @@ class DifferentiableRun:
         remat: int | str | None = None,
         window: int | None = None,
         mode: Mode = "reverse",
-        wrt: Sequence[str] = WRT,
+        wrt: Sequence[str] | str = WRT,
     ):
         if not callable(make_algorithm):
             raise ValueError("make_algorithm must be a callable hparams -> Algorithm")
@@ -332,45 +352,8 @@ class DifferentiableRun:
         return self._call(self._final, hparams, params, data, key)
 
 
-def differentiable_run(
-    make_algorithm: MakeAlgorithm,
-    objective: Objective,
-    *,
-    num_rounds: int,
-    remat: int | str | None = None,
-    window: int | None = None,
-    mode: Mode = "reverse",
-    wrt: Sequence[str] | str = WRT,
-) -> DifferentiableRun:
-    """The objective `objective(final state)` after `num_rounds` rounds of
-    `make_algorithm(hparams)` started from the initial model, differentiable w.r.t. the
-    hyper-parameters and the initial model.
-
-    Args:
-      make_algorithm: `hparams -> Algorithm`, called inside the differentiated function
-        with traced values (every preset accepts traced numeric hyper-parameters).
-      objective: `final state -> real scalar`: `central_loss(model, test)`,
-        `clients_loss(model, x, y, counts)`, or any function of the state.
-      num_rounds: T >= 1.
-      remat: None (no rematerialisation), L in [1, T] rounds per `jax.checkpoint` chunk,
-        or "sqrt" (L = ceil(sqrt(T))).
-      window: differentiate only the last W rounds (1 <= W <= T; W = T is the full gradient).
-      mode: "reverse" (`jax.value_and_grad`) or "forward" (one `jax.jvp` per coordinate of
-        the inputs in `wrt`: for a few scalar hyper-parameters).
-      wrt: "hparams", "params" or both (the default).
-
-    Raises ValueError (one line) for a bad setting here, and for bad inputs when called
-    (before compiling).
-    """
-    return DifferentiableRun(
-        make_algorithm,
-        objective,
-        num_rounds=num_rounds,
-        remat=remat,
-        window=window,
-        mode=mode,
-        wrt=wrt,
-    )
+# the API's name: `differentiable_run(make_algorithm, objective, num_rounds=T, ...)`
+differentiable_run = DifferentiableRun
 
 
 __all__ = [
