@@ -41,6 +41,8 @@ LossFn = Callable[[Params, Batch], jax.Array]
 ValueAndGrad = Callable[[Params, Batch], tuple[jax.Array, Params]]
 # grad_fn(value_and_grad, params, batch, aux) -> (loss, direction, aux): the local-step hook.
 GradFn = Callable[[ValueAndGrad, Params, Batch, Any], tuple[jax.Array, Params, Any]]
+# personalize(state, data, ids [K], key) -> the clients' personal models, leaves [K, ...]
+Personalize = Callable[[State, FederatedData, jax.Array, PRNGKey], Params]
 
 
 class Algorithm(NamedTuple):
@@ -49,10 +51,15 @@ class Algorithm(NamedTuple):
     Per-client state `[C, ...]` is declared by its type: the state holds it as
     `core.rows.Rows`. `simulate(mesh=...)` shards exactly those leaves over the clients axis
     (everything else is replicated); `simulate_streamed(state_rows="host")` keeps them on the
-    host and sends the device only the rows a chunk touches."""
+    host and sends the device only the rows a chunk touches.
+
+    `personalize(state, data, ids, key) -> params [K, ...]` gives the personal models of the
+    clients `ids [K]` (their rows of a personalized algorithm, or k local steps from the
+    global model); None: every client's model is the global one, `state.params`."""
 
     init: Callable[[Params, PRNGKey], State]
     step: Callable[[State, FederatedData, PRNGKey], tuple[State, Metrics]]
+    personalize: Personalize | None = None
 
 
 def float_dtype() -> jnp.dtype:
