@@ -25,6 +25,7 @@ from fedjax_sim.algorithms.optimizers import (
     client_lr_at,
     client_optimizer_at,
 )
+from fedjax_sim.algorithms.partition import PERSONAL_ROWS, TRAINABLE, Partition
 from fedjax_sim.core.checks import is_concrete, non_negative
 from fedjax_sim.core.rows import Rows
 from fedjax_sim.data.federated import FederatedData, tree_size_bytes
@@ -35,9 +36,9 @@ class ClientResult(NamedTuple):
 
     loss: jax.Array  # [] mean local training loss
     steps: jax.Array  # [] executed local steps
-    params: Params  # x_i, the final local model
-    delta: Params  # x_i - x_t
-    update: Params  # what the client sends (delta through the hooks' `finish`)
+    params: Params  # x_i, the final local model (its trainable view with a partition)
+    delta: Params  # x_i - x_t (trainable view)
+    update: Params  # what the client sends (delta through the hooks' `finish`; shared view)
     rows: dict[str, Any]  # new per-client rows
     summands: dict[str, Any]  # summands averaged over the cohort
     outputs: dict[str, Any]  # outputs stacked over the cohort
@@ -58,6 +59,10 @@ class ClientWork:
         (`optax.add_decayed_weights`, torch SGD's placement).
       stragglers: FedProx's systems heterogeneity (synchronous rounds only).
       box: optional `(lower, upper)`: project onto the box after every local step.
+      partition: which parameters train and which travel (`partition.Partition`; None: all
+        shared). The hooks, the client optimizer and the client's update see the trainable
+        view (shared and personal leaves); the personal leaves are the client's row
+        `rows["personal"]`; the update leaves the client as its shared view.
     """
 
     loss_fn: LossFn
@@ -67,6 +72,7 @@ class ClientWork:
     weight_decay: Any = 0.0
     stragglers: Stragglers = Stragglers()
     box: tuple[float, float] | None = None
+    partition: Partition | None = None
 
     def __post_init__(self):
         check_client_optimizer(self.client_optimizer)
@@ -75,23 +81,55 @@ class ClientWork:
             raise TypeError("ClientWork.hook must be chain(...) of LocalHook parts")
         if self.box is not None and not (len(self.box) == 2 and self.box[0] < self.box[1]):
             raise ValueError(f"box must be (lower, upper) with lower < upper, got {self.box}")
+        if self.partition is not None and not isinstance(self.partition, Partition):
+            raise TypeError(f"partition must be a partition.Partition, got {self.partition!r}")
+        if self.partition is not None and PERSONAL_ROWS in {h.name for h in self.hook.hooks}:
+            raise ValueError(f"hook name {PERSONAL_ROWS!r} is the partition's personal rows")
+
+    # -- views of the params (identities without a partition)
+    def trainable(self, params: Params) -> Params:
+        """The leaves that train (shared and personal): what hooks and clients see."""
+        p = self.partition
+        return params if p is None else p.select(params, params, *TRAINABLE)
+
+    def shared(self, tree: Params, params: Params) -> Params:
+        """The shared view of `tree` (params' structure): what travels."""
+        p = self.partition
+        return tree if p is None else p.select(tree, params, "shared")
+
+    def personal(self, params: Params) -> bool:
+        """Whether some leaves of `params` are personal (clients keep them as rows)."""
+        return self.partition is not None and self.partition.has(params, "personal")
+
+    def fill(self, view: Params, like: Params, params: Params) -> Params:
+        """`view` (e.g. the shared update) completed to `like`'s leaves with zeros (identity
+        without a partition)."""
+        p = self.partition
+        return view if p is None else p.fill(view, like, params, jnp.zeros_like)
+
+    def merge(self, params: Params, *views: Params) -> Params:
+        """The full tree from views, missing leaves from `params` (identity without a
+        partition: the first view)."""
+        p = self.partition
+        return views[0] if p is None else p.merge(params, *views, params)
 
     # -- state
     def init_rows(self, params: Params, num_clients: int) -> dict[str, Any]:
-        """`{hook name: Rows [C, ...]}` of the hooks with per-client state."""
+        """`{hook name: Rows [C, ...]}` of the hooks with per-client state (rows of the
+        trainable view), and the personal leaves `"personal"` of a partition."""
+        stack = lambda row: Rows(
+            jax.tree.map(lambda r: jnp.broadcast_to(r, (num_clients, *jnp.shape(r))).copy(), row)
+        )
         out = {}
         for h in self.hook.hooks:
             if h.init_row is not None:
-                row = h.init_row(params)
-                out[h.name] = Rows(
-                    jax.tree.map(
-                        lambda r: jnp.broadcast_to(r, (num_clients, *jnp.shape(r))).copy(), row
-                    )
-                )
+                out[h.name] = stack(h.init_row(self.trainable(params)))
+        if self.personal(params):
+            out[PERSONAL_ROWS] = stack(self.partition.select(params, params, "personal"))
         return out
 
     def init_server(self, params: Params) -> dict[str, Any]:
-        return {h.name: h.init_server(params) for h in self.hook.hooks}
+        return {h.name: h.init_server(self.trainable(params)) for h in self.hook.hooks}
 
     def optimizer(self, round_: jax.Array) -> optax.GradientTransformation:
         opt = client_optimizer_at(self.client_optimizer, round_)
@@ -109,7 +147,8 @@ class ClientWork:
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """`({hook name: broadcast}, {hook name: client inputs [M, ...]})` of the round: the
         hooks' `prepare` of their server-side states."""
-        out = {h.name: h.prepare(server[h.name], cohort, params, key) for h in self.hook.hooks}
+        view = self.trainable(params)
+        out = {h.name: h.prepare(server[h.name], cohort, view, key) for h in self.hook.hooks}
         return {n: b for n, (b, _) in out.items()}, {n: i for n, (_, i) in out.items()}
 
     def bytes_down(self, broadcast: dict[str, Any], inputs: dict[str, Any], cohort: int) -> float:
@@ -149,10 +188,19 @@ class ClientWork:
         num_steps: jax.Array | None,
         optimizer: optax.GradientTransformation | None = None,
     ) -> ClientResult:
-        """Local training of `client` from `params` (`key`: the client's key)."""
+        """Local training of `client` from `params`, the global model x_t, merged with the
+        client's personal row (`key`: the client's key)."""
         optimizer = self.optimizer(round_) if optimizer is None else optimizer
         lr = self.lr(round_)
         hooks = self.hook.hooks
+        loss_fn, global_params = self.loss_fn, params
+        if self.partition is not None:
+            personal = rows.get(PERSONAL_ROWS)
+            start = params if personal is None else self.merge(params, personal)
+            params = self.trainable(start)  # w_0: shared leaves of x_t, the client's personal
+            frozen = self.partition.select(global_params, global_params, "frozen")
+            merge = self.partition.merge
+            loss_fn = lambda w, batch: self.loss_fn(merge(global_params, w, frozen), batch)
         ctxs = {
             h.name: HookContext(
                 params,
@@ -187,7 +235,7 @@ class ClientWork:
             params,
             client_data,
             key,
-            loss_fn=self.loss_fn,
+            loss_fn=loss_fn,
             optimizer=optimizer,
             max_steps=self.local.max_steps(data.max_count),
             num_steps=num_steps,
@@ -204,6 +252,11 @@ class ClientWork:
             if h.init_row is not None:
                 new_rows[h.name] = row
             summands[h.name], outputs[h.name] = summand, output
+        if self.personal(global_params):
+            new_rows[PERSONAL_ROWS] = self.partition.select(
+                result.params, global_params, "personal"
+            )
+        update = self.shared(update, global_params)
         return ClientResult(
             result.loss, result.steps, result.params, delta, update, new_rows, summands, outputs
         )

@@ -71,6 +71,7 @@ from fedjax_sim.algorithms.core import (
 from fedjax_sim.algorithms.distributors import Distributor, DistributorSummary, as_distributor
 from fedjax_sim.algorithms.local_hook import LocalHook, RoundSummary, chain
 from fedjax_sim.algorithms.optimizers import ClientOptimizer, ServerOptimizer, server_optimizer_from
+from fedjax_sim.algorithms.partition import PERSONAL_ROWS, Partition
 from fedjax_sim.core.rows import check_rows, gather_rows, scatter_rows, streamed_rows
 from fedjax_sim.data.federated import FederatedData, tree_size_bytes
 from fedjax_sim.runtime.parallel import ClientMap
@@ -148,16 +149,25 @@ def compose(
     uniform_work = work.local.epochs is None and work.stragglers.fraction == 0.0
     stack_sent = aggregator.stacked or report_sent
 
+    personal = work.partition is not None
+
     def init(params: Params, key: jax.Array) -> FederatedState:
         del key
-        rows, (agg_server, agg_rows) = {}, aggregator.init(params, num_clients or 1)
-        if needs_rows or agg_rows:
+        shared = work.shared(params, params)
+        rows, (agg_server, agg_rows) = {}, aggregator.init(shared, num_clients or 1)
+        personal_rows = work.personal(params)
+        if personal_rows and not distributor.distinct:
+            raise ValueError(
+                "personal parameters are per-client rows and need distinct cohort ids: use "
+                "CohortSpec(sampling='uniform' or 'bernoulli'), not 'proportional'"
+            )
+        if needs_rows or agg_rows or personal_rows:
             if num_clients is None:
                 raise ValueError("this algorithm keeps per-client state: give num_clients=C")
             rows = work.init_rows(params, num_clients)
         return FederatedState(
             params=params,
-            opt_state=server_opt.init(params),
+            opt_state=server_opt.init(shared),
             round=jnp.int32(0),
             rows=rows,
             hooks=work.init_server(params),
@@ -169,6 +179,7 @@ def compose(
         check_rows(state.rows, data.num_clients, "the hooks' per-client state")
         check_rows(state.aggregator.rows, data.num_clients, "the aggregator's per-client memory")
         x, t = state.params, state.round
+        x_view, x_shared = work.trainable(x), work.shared(x, x)  # hooks' view, what travels
         ids, weights = distributor.sample(state.cohort, round_key(key, t, COHORT), data.counts, t)
         counts = data.counts[ids]
         num_steps = work.local.num_steps(counts)
@@ -201,9 +212,11 @@ def compose(
             sent, agg_row = aggregator.encode(
                 res.update, agg_row, client_key(uplink_key, cid), agg_server
             )
-            sent_bytes = aggregator.payload(x) if aggregator.payload else tree_size_bytes(sent)
+            sent_bytes = (
+                aggregator.payload(x_shared) if aggregator.payload else tree_size_bytes(sent)
+            )
             uplink["bytes"] = sent_bytes + work.bytes_up(res)
-            summand = (sent, res.loss, tree_sq_norm(res.delta), res.summands)
+            summand = (sent, res.loss, tree_sq_norm(work.shared(res.delta, x)), res.summands)
             stacked = sent if stack_sent else None
             return summand, (res.steps, res.rows, agg_row, res.outputs, stacked)
 
@@ -246,14 +259,15 @@ def compose(
             if k == len(hooks):
                 if applied:
                     raise ValueError("a hook's finalize called server_step more than once")
-                new_params, applied["opt_state"] = server_update(
-                    x, upd, server_opt, state.opt_state, contributed
+                upd = work.shared(upd, x)
+                new_shared, applied["opt_state"] = server_update(
+                    x_shared, upd, server_opt, state.opt_state, contributed
                 )
                 applied["update"] = upd
-                return new_params
+                return work.trainable(work.merge(x, new_shared))
             h = hooks[k]
             summary = RoundSummary(
-                params=x,
+                params=x_view,
                 update=upd,
                 cohort=cohort,
                 mean=hook_means[h.name],
@@ -267,7 +281,8 @@ def compose(
             )
             return new_params
 
-        params = finalize(0, update)
+        # the hooks see the trainable view: the personal leaves of the update are zeros
+        params = work.merge(x, finalize(0, work.fill(update, x_view, x)))
         if not applied:
             raise ValueError("a hook's finalize must call server_step (once)")
         opt_state, update = applied["opt_state"], applied["update"]
@@ -284,7 +299,7 @@ def compose(
         participants = distributor.uploads(ids, weights)
         cohort_up = cohort_metrics.pop("bytes_up", 0.0)
         cohort_down = cohort_metrics.pop("bytes_down", 0.0)
-        down = float(tree_size_bytes(x)) + work.bytes_down(broadcast, inputs, ids.shape[0])
+        down = float(tree_size_bytes(x_shared)) + work.bytes_down(broadcast, inputs, ids.shape[0])
         metrics = {
             "train_loss": train_loss,
             "participants": participants,
@@ -317,7 +332,16 @@ def compose(
         )
         return new_state, metrics
 
-    return Algorithm(init, step)
+    def personalize(state: FederatedState, data: FederatedData, ids: jax.Array, key: jax.Array):
+        """The clients' models: the global model with their personal rows."""
+        del data, key
+        x = state.params
+        stacked = jax.tree.map(lambda a: jnp.broadcast_to(a, (ids.shape[0], *a.shape)), x)
+        if not work.personal(x):
+            return stacked
+        return work.partition.merge(x, gather_rows(state.rows[PERSONAL_ROWS], ids), stacked)
+
+    return Algorithm(init, step, personalize if personal else None)
 
 
 # ------------------------------------------------------------------------------ presets
@@ -338,6 +362,7 @@ class Options:
     report_cohort: bool = False
     report_sent: bool = False
     attack: Any = None
+    partition: Partition | None = None
 
 
 def preset(
@@ -417,6 +442,7 @@ def synchronous(loss_fn: LossFn, options: Options, *hooks: LocalHook) -> Algorit
         hook=chain(*hooks),
         weight_decay=o.weight_decay,
         stragglers=o.stragglers,
+        partition=o.partition,
     )
     return compose(
         work,
