@@ -54,6 +54,8 @@ from fedjax_sim.algorithms.fedsam import fedsam
 from fedjax_sim.algorithms.fgdro import fgdro_cvar, fgdro_kl, fgdro_kl_adam, local_adam
 from fedjax_sim.algorithms.fixed_point import ef_fedavg, ef_fedprox, fp_fedavg, fp_fedprox
 from fedjax_sim.algorithms.mifa import mifa
+from fedjax_sim.algorithms.partition import Partition, by_path
+from fedjax_sim.algorithms.partitioned import fedper, fedrep, lg_fedavg
 from fedjax_sim.algorithms.scaffold import scaffold
 from fedjax_sim.algorithms.schedules import client_sgd, round_decay
 from fedjax_sim.algorithms.sfedavg import s_fedavg
@@ -114,6 +116,9 @@ register("local_adam", local_adam, "LocalAdam: Adam-type local steps, averaged m
 register("drfa", drfa, "DRFA: distributionally robust FedAvg (Deng et al. 2020).")
 register("dr_dsgd", dr_dsgd, "DR-DSGD, federated: exp(l/t)-weighted local SGD (Issaid et al.).")
 register("fedlps", fedlps)
+register("fedper", fedper)
+register("lg_fedavg", lg_fedavg)
+register("fedrep", fedrep)
 register("fednova", fednova)
 
 
@@ -131,6 +136,11 @@ def build(name: str, loss_fn: Callable, **kwargs: Any) -> Algorithm:
 
 
 __all__ = [
+    "Partition",
+    "by_path",
+    "fedper",
+    "fedrep",
+    "lg_fedavg",
     "ALGORITHMS",
     "Algorithm",
     "AsyncOptions",
