@@ -17,7 +17,7 @@ from fedjax_sim.app.config import (
     hyper_parameters,
 )
 from fedjax_sim.data import least_squares
-from fedjax_sim.models import linear_regression
+from fedjax_sim.models import Model, linear_regression
 from fedjax_sim.runtime.parallel import ClientMap
 
 BASE = dict(num_clients=6, cohort_size=4, local_steps=3, batch_size=4, client_lr=0.05)
@@ -57,31 +57,47 @@ def _problem():
     return least_squares(num_clients=6, examples_per_client=np.arange(5, 11), dim=3, seed=0)
 
 
+# presets that split the model into a body and a head (they take `head=`) run the two-layer
+# linear model x @ (w_0 * w_1): the last layer w_1 is the head
+TWO_LAYERS = Model(
+    init=lambda key: {f"layer_{i}": {"w": jnp.linspace(-1.0, 1.0, 3) + i} for i in (0, 1)},
+    apply=lambda p, x: x @ (p["layer_0"]["w"] * p["layer_1"]["w"]),
+    loss_kind="squared",
+)
+
+
 def _final(name: str, cfg: RunConfig, explicit: set[str]):
     data = _problem().data
     kwargs = algorithm_kwargs(cfg, explicit, data=data, client_map=ClientMap("vmap"))
-    alg = algorithms.ALGORITHMS[name](linear_regression(3).loss, **kwargs)
+    headed = "head" in hyper_parameters(algorithms.ALGORITHMS[name])
+    model = TWO_LAYERS if headed else linear_regression(3)
+    alg = algorithms.ALGORITHMS[name](model.loss, **kwargs)
     key = jax.random.key(0)
-    state = alg.init({"w": jnp.linspace(-1.0, 1.0, 3)}, key)
+    state = alg.init(TWO_LAYERS.init(key) if headed else {"w": jnp.linspace(-1.0, 1.0, 3)}, key)
 
     def two_rounds(state, data):
         return jax.lax.fori_loop(0, 2, lambda _, s: alg.step(s, data, key)[0], state)
 
     # LLVM -O0: the same IEEE results, less compile time (see algorithms/_async_reference.py)
     run = jax.jit(two_rounds, compiler_options={"xla_backend_optimization_level": 0})
-    return np.asarray(run(state, data).params["w"])
+    return np.concatenate([np.ravel(w) for w in jax.tree.leaves(run(state, data).params)])
 
 
 def _base(name: str) -> RunConfig:
     """BASE, with every client firing in each event iteration for asynchronous algorithms
-    (otherwise two iterations may leave the model untouched) and a temperature above the
-    losses (DR-DSGD's exp(l / t) overflows otherwise)."""
+    (otherwise two iterations may leave the model untouched), a temperature above the
+    losses (DR-DSGD's exp(l / t) overflows otherwise) and one FedRep head step."""
     takes = hyper_parameters(algorithms.ALGORITHMS[name])
-    hparams = [f"{k}={v}" for k, v in ASYNC.items() if k in takes]
+    hparams = [f"{k}={v}" for k, v in BASE_HPARAMS.items() if k in takes]
     return RunConfig(algorithm=name, hparams=tuple(hparams), **BASE)
 
 
-ASYNC = {"firing_probability": 1.0, "buffer_size": 2, "temperature": 50.0}
+BASE_HPARAMS = {
+    "firing_probability": 1.0,
+    "buffer_size": 2,
+    "temperature": 50.0,
+    "head_steps": 1,  # FedRep: the body gets the other local steps
+}
 
 
 # algorithms that always average uniformly (their papers): --weighting uniform is their own

@@ -67,17 +67,19 @@ def test_fedrep_matches_numpy(x64):
     got = np.concatenate([state.rows["personal"]["head"], state.rows["personal"]["base"]], 1)
     np.testing.assert_allclose(got, heads, rtol=1e-10, atol=1e-12)
     assert float(metrics["bytes_up"]) == 4 * 2 * 8  # the body only
-    # FedRep with head_steps = 0 moves only the body, = steps only the heads
-    only_heads = fedrep(
+    # FedRep with head_steps = 0 moves only the body: the heads keep their start
+    body_only = fedrep(
         loss,
         head="head|base",
-        head_steps=steps,
+        head_steps=0,
         num_clients=C,
         local=LocalSpec(steps=steps, sampling="full"),
         cohort=cohort,
     )
-    s = jax.jit(only_heads.step)(only_heads.init(split(W0), key), problem.data, key)[0]
-    np.testing.assert_array_equal(s.params["body"], W0[BLOCKS["body"]])
+    s = jax.jit(body_only.step)(body_only.init(split(W0), key), problem.data, key)[0]
+    np.testing.assert_array_equal(s.rows["personal"]["head"], np.tile(W0[2:4], (C, 1)))
+    with pytest.raises(ValueError, match="leaves the body no step"):
+        fedrep(loss, head_steps=steps, local=LocalSpec(steps=steps))
 
 
 def test_head_of_an_mlp_and_lg_fedavg():

@@ -122,13 +122,18 @@ def alternating(head_steps: int, head: str | None = None) -> LocalHook:
 
 @preset()
 def fedrep(
-    loss_fn: LossFn, *, head_steps: int = 10, head: str | None = None, options: Options
+    loss_fn: LossFn, *, head_steps: int = 5, head: str | None = None, options: Options
 ) -> Algorithm:
     """FedRep (Collins et al., "Exploiting Shared Representations for Personalized Federated
     Learning", ICML 2021): each client keeps its head (a row); a round's local steps first
     fit the head for `head_steps` steps with the body fixed at x_t's, then move the body with
     the head fixed (`alternating`); the server averages the bodies. With
     `local=LocalSpec(steps=K)` the body gets `K - head_steps` steps (the paper: tau_h = 10
-    head epochs, 1 body epoch)."""
+    head epochs, 1 body epoch); `head_steps` must leave the body a step."""
+    steps = options.local.steps
+    if options.local.epochs is None and steps is not None and head_steps >= steps:
+        raise ValueError(
+            f"FedRep head_steps={head_steps} leaves the body no step of the {steps} local steps"
+        )
     partition = head_and_body(head, head_label="personal", body_label="shared")
     return synchronous(loss_fn, _with_partition(options, partition), alternating(head_steps, head))
