@@ -54,6 +54,7 @@ from fedjax_sim.algorithms.fedsam import fedsam
 from fedjax_sim.algorithms.fgdro import fgdro_cvar, fgdro_kl, fgdro_kl_adam, local_adam
 from fedjax_sim.algorithms.fixed_point import ef_fedavg, ef_fedprox, fp_fedavg, fp_fedprox
 from fedjax_sim.algorithms.mifa import mifa
+from fedjax_sim.algorithms.personal_models import apfl, ditto, fedavg_ft, per_fedavg, pfedme
 from fedjax_sim.algorithms.scaffold import scaffold
 from fedjax_sim.algorithms.schedules import client_sgd, round_decay
 from fedjax_sim.algorithms.sfedavg import s_fedavg
@@ -115,6 +116,11 @@ register("drfa", drfa, "DRFA: distributionally robust FedAvg (Deng et al. 2020).
 register("dr_dsgd", dr_dsgd, "DR-DSGD, federated: exp(l/t)-weighted local SGD (Issaid et al.).")
 register("fedlps", fedlps)
 register("fednova", fednova)
+register("ditto", ditto, "Ditto: FedAvg plus proximal personal models v_i (Li et al., ICML 2021).")
+register("apfl", apfl, "APFL: personal models mixed with the global one (Deng et al. 2020).")
+register("pfedme", pfedme, "pFedMe: Moreau-envelope personal models (T. Dinh et al. 2020).")
+register("per_fedavg", per_fedavg, "Per-FedAvg: MAML local steps (Fallah et al. 2020).")
+register("fedavg_ft", fedavg_ft, "FedAvg-FT: FedAvg, personal models by local fine-tuning.")
 
 
 def describe(name: str) -> str:
@@ -133,6 +139,11 @@ def build(name: str, loss_fn: Callable, **kwargs: Any) -> Algorithm:
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
+    "apfl",
+    "ditto",
+    "fedavg_ft",
+    "per_fedavg",
+    "pfedme",
     "AsyncOptions",
     "ServerRule",
     "area",
