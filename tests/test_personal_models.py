@@ -47,9 +47,9 @@ def hessian(ab, part=0, parts=1):
     return a.T @ a / max(len(a), 1)
 
 
-def run(alg, problem, key, rounds=ROUNDS):
+def run(alg, problem, key, rounds=ROUNDS, dtype=None):
     """`rounds` jitted steps from W0; the final state and the reported cohorts."""
-    state = alg.init({"w": jnp.asarray(W0)}, key)
+    state = alg.init({"w": jnp.asarray(W0, dtype)}, key)
     step = jax.jit(alg.step)
     cohorts = []
     for _ in range(rounds):
@@ -153,10 +153,12 @@ def test_apfl_matches_numpy(problem, x64, adaptive):
     np.testing.assert_allclose(personal["w"], expect, **TOL)
 
 
-def test_apfl_mixing_zero_personalizes_to_the_global_model(problem):
+def test_apfl_mixing_zero_personalizes_to_the_global_model(problem, x64):
+    """(With float32 params under x64: the float64 alpha row keeps the models' dtype.)"""
     alg = apfl(MODEL.loss, num_clients=C, mixing=0.0, **kw())
     key = jax.random.key(3)
-    state, _ = run(alg, problem, key, rounds=2)
+    state, _ = run(alg, problem, key, rounds=2, dtype=jnp.float32)
+    assert state.rows["personal_mixture"]["model"]["w"].dtype == jnp.float32
     personal = jax.jit(alg.personalize)(state, problem.data, jnp.arange(C), key)
     np.testing.assert_array_equal(personal["w"], np.broadcast_to(state.params["w"], (C, DIM)))
 

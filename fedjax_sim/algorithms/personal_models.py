@@ -108,20 +108,23 @@ def _keep_carry(ctx: HookContext, outcome: LocalOutcome):
     return outcome.carry, None, None, outcome.update
 
 
-def _step_size(personal_lr: Any, ctx: HookContext, what: str) -> Any:
-    """`personal_lr`, or the client learning rate of the round when it is None."""
-    if personal_lr is not None:
-        return personal_lr
+def _like(new: Params, old: Params) -> Params:
+    """`new` in `old`'s dtypes (a carry keeps its dtype, e.g. float32 params under x64)."""
+    return jax.tree.map(lambda n, o: n.astype(o.dtype), new, old)
+
+
+def _step_size(value: Any, ctx: HookContext, what: str) -> Any:
+    """`value`, or the client learning rate of the round when it is None."""
+    if value is not None:
+        return value
     if ctx.lr is None:
-        raise ValueError(f"{what}=None takes the client learning rate: give {what} or a float")
+        raise ValueError(f"{what}=None takes the client learning rate, unknown for optax")
     return ctx.lr
 
 
-def _check_step_size(what: str, value: Any, options: Options) -> None:
-    """A given step size must be > 0; None needs a float or schedule client optimizer."""
-    if value is not None:
-        positive(what, value)
-    elif client_lr_at(options.client_optimizer, jnp.int32(0)) is None:
+def _check_client_lr(what: str, value: Any, options: Options) -> None:
+    """A step size None takes the client learning rate: refused for an optax optimizer."""
+    if value is None and client_lr_at(options.client_optimizer, jnp.int32(0)) is None:
         raise ValueError(
             f"{what}=None takes the client learning rate: give {what}, or client_optimizer "
             "as a float or a schedule (not an optax transformation)"
@@ -185,8 +188,8 @@ def personal_proximal(lam: Any, personal_lr: Any = None) -> LocalHook:
         loss, g = value_and_grad(params, batch)
         _, gv = value_and_grad(v, batch)
         eta = _step_size(personal_lr, ctx, "personal_lr")
-        v = jax.tree.map(lambda v_, g_, x: v_ - eta * (g_ + lam * (v_ - x)), v, gv, ctx.anchor)
-        return loss, g, v
+        new = jax.tree.map(lambda v_, g_, x: v_ - eta * (g_ + lam * (v_ - x)), v, gv, ctx.anchor)
+        return loss, g, _like(new, v)
 
     return LocalHook(
         "personal_proximal",
@@ -210,7 +213,7 @@ def ditto(
     (rows of all `num_clients` clients) trained on `f_i(v) + lam/2 ||v - x_t||^2` with step
     `personal_lr` (None: the client learning rate) in the same local steps."""
     del num_clients  # in options: rows of the [C, ...] state
-    _check_step_size("Ditto personal_lr", personal_lr, options)
+    _check_client_lr("Ditto personal_lr", personal_lr, options)
     hook = personal_proximal(lam, personal_lr)
     return synchronous(loss_fn, options, hook)._replace(personalize=personal_rows(hook.name))
 
@@ -233,10 +236,10 @@ def personal_mixture(
     def direction(value_and_grad, params, batch, carry, ctx):
         v, a = carry["model"], carry["mixing"]
         loss, g = value_and_grad(params, batch)
-        mixed = jax.tree.map(lambda v_, w: a * v_ + (1 - a) * w, v, params)
+        mixed = _like(jax.tree.map(lambda v_, w: a * v_ + (1 - a) * w, v, params), params)
         _, gm = value_and_grad(mixed, batch)
         eta = _step_size(personal_lr, ctx, "personal_lr")
-        new_v = jax.tree.map(lambda v_, g_: v_ - eta * a * g_, v, gm)
+        new_v = _like(jax.tree.map(lambda v_, g_: v_ - eta * a * g_, v, gm), v)
         if adaptive:
             slope = sum(
                 jnp.sum((v_ - w) * g_)
@@ -288,9 +291,9 @@ def apfl(
     mixing) w` (`mixing` the paper's alpha in [0, 1]; `adaptive`: a per-client alpha learned
     with step `mixing_lr`); `personal_lr` / `mixing_lr` None: the client learning rate."""
     del num_clients  # in options: rows of the [C, ...] state
-    _check_step_size("APFL personal_lr", personal_lr, options)
+    _check_client_lr("APFL personal_lr", personal_lr, options)
     if adaptive:
-        _check_step_size("APFL mixing_lr", mixing_lr, options)
+        _check_client_lr("APFL mixing_lr", mixing_lr, options)
     hook = personal_mixture(mixing, personal_lr, adaptive=adaptive, mixing_lr=mixing_lr)
     return synchronous(loss_fn, options, hook)._replace(personalize=_mixed_personalize(hook.name))
 
@@ -308,10 +311,10 @@ def moreau_envelope(lam: Any, personal_lr: Any, inner_steps: int) -> LocalHook:
     def direction(value_and_grad, params, batch, theta, ctx):
         def inner(th, _):
             loss, g = value_and_grad(th, batch)
-            th = jax.tree.map(
+            new = jax.tree.map(
                 lambda t, g_, w: t - personal_lr * (g_ + lam * (t - w)), th, g, params
             )
-            return th, loss
+            return _like(new, th), loss
 
         theta, losses = lax.scan(inner, theta, None, length=inner_steps)
         return losses[0], jax.tree.map(lambda w, t: lam * (w - t), params, theta), theta
@@ -370,7 +373,10 @@ def meta_gradient(inner_lr: Any, variant: Literal["fo", "hf"] = "fo") -> LocalHo
         adapted = jax.tree.map(lambda w, g_: w - inner_lr * g_, params, g)
         _, d = value_and_grad(adapted, parts[1])
         if variant == "hf":
-            grad = lambda p: value_and_grad(p, parts[2])[1]
+
+            def grad(p):
+                return value_and_grad(p, parts[2])[1]
+
             _, hvp = jax.jvp(grad, (params,), (d,))
             d = jax.tree.map(lambda d_, h: d_ - inner_lr * h, d, hvp)
         return loss, d, carry
@@ -411,7 +417,9 @@ def fedavg_ft(
     personal models: `finetune_steps` local SGD steps of size `finetune_lr` (None: the client
     learning rate) from the global model on the client's data."""
     _check_count("FedAvg-FT finetune_steps", finetune_steps, 0)
-    _check_step_size("FedAvg-FT finetune_lr", finetune_lr, options)
+    if finetune_lr is not None:
+        positive("FedAvg-FT finetune_lr", finetune_lr)
+    _check_client_lr("FedAvg-FT finetune_lr", finetune_lr, options)
     lr = options.client_optimizer if finetune_lr is None else finetune_lr
     personalize = fine_tuned(loss_fn, finetune_steps, lr, options.local)
     return synchronous(loss_fn, options)._replace(personalize=personalize)
