@@ -56,6 +56,7 @@ from fedjax_sim.algorithms.fixed_point import ef_fedavg, ef_fedprox, fp_fedavg, 
 from fedjax_sim.algorithms.mifa import mifa
 from fedjax_sim.algorithms.partition import Partition, by_path
 from fedjax_sim.algorithms.partitioned import fedper, fedrep, lg_fedavg
+from fedjax_sim.algorithms.personal_models import apfl, ditto, fedavg_ft, per_fedavg, pfedme
 from fedjax_sim.algorithms.scaffold import scaffold
 from fedjax_sim.algorithms.schedules import client_sgd, round_decay
 from fedjax_sim.algorithms.sfedavg import s_fedavg
@@ -120,6 +121,11 @@ register("fedper", fedper)
 register("lg_fedavg", lg_fedavg)
 register("fedrep", fedrep)
 register("fednova", fednova)
+register("ditto", ditto, "Ditto: FedAvg plus proximal personal models v_i (Li et al., ICML 2021).")
+register("apfl", apfl, "APFL: personal models mixed with the global one (Deng et al. 2020).")
+register("pfedme", pfedme, "pFedMe: Moreau-envelope personal models (T. Dinh et al. 2020).")
+register("per_fedavg", per_fedavg, "Per-FedAvg: MAML local steps (Fallah et al. 2020).")
+register("fedavg_ft", fedavg_ft, "FedAvg-FT: FedAvg, personal models by local fine-tuning.")
 
 
 def describe(name: str) -> str:
@@ -143,6 +149,11 @@ __all__ = [
     "lg_fedavg",
     "ALGORITHMS",
     "Algorithm",
+    "apfl",
+    "ditto",
+    "fedavg_ft",
+    "per_fedavg",
+    "pfedme",
     "AsyncOptions",
     "ServerRule",
     "area",

@@ -59,8 +59,13 @@ def test_every_registered_algorithm_is_pinned():
     from fedjax_sim.algorithms import ALGORITHMS
 
     names = golden_cases.case_names()
+    # new since the pins, each checked against its NumPy reference instead: FedNova (issue
+    # 18, tests/algorithms/test_compose.py), the personalized presets (issue 37,
+    # tests/test_personal_models.py, tests/test_partition.py, tests/test_partitioned.py)
+    unpinned = {"fednova", "ditto", "apfl", "pfedme", "per_fedavg", "fedavg_ft"}
+    unpinned |= {"fedper", "lg_fedavg", "fedrep"}
     for algorithm in ALGORITHMS:
-        if algorithm == "fednova":  # new in issue 18: checked against its NumPy reference
+        if algorithm in unpinned:
             continue
         assert any(n == algorithm or n.startswith(algorithm + "_") for n in names), algorithm
 
