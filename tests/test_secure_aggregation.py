@@ -311,3 +311,34 @@ def test_bad_arguments_refused_when_building(kwargs, match):
 def test_too_few_bits_for_the_cohort():
     with pytest.raises(ValueError, match="cannot hold"):
         S.levels(4, 9)
+
+
+# ------------------------------------------------------------------------------ CLI
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--secure-aggregation", "bits=16"], "needs clip="),
+        (["--secure-aggregation", "clip=1", "bits=40"], "bits must be an int in [2, 32]"),
+        (["--secure-aggregation", "clip=1", "neighbours=12"], "at most 9"),
+        (["--secure-aggregation", "clip=1", "bits=4"], "cannot hold the sum of 10"),
+        (["--secure-aggregation", "clip=1", "--aggregator", "median"], "reveals only the sum"),
+        (["--secure-aggregation", "clip=1", "--weighting", "counts"], "--weighting uniform"),
+        (["--secure-aggregation", "clip=1", "nope=3"], "takes bits, bound, clip"),
+    ],
+)
+def test_cli_refuses_bad_secure_aggregation_up_front(capsys, args, message):
+    from fedjax_sim.app.cli import main
+
+    assert main(["run", "--rounds", "1", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_cli_builds_secure_aggregation_around_dp():
+    from fedjax_sim.app.config import RunConfig, algorithm_kwargs
+
+    cfg = RunConfig(dp_clip=1.0, secure_aggregation=("bits=24", "neighbours=4"))
+    kwargs = algorithm_kwargs(cfg, {"dp_clip", "secure_aggregation"})
+    assert kwargs["aggregator"].stacked and kwargs["cohort"].weighting == "uniform"
+    # dp_mean sends (clipped update, b_i): 10 + 1 coordinates, from the shapes it sends
+    assert kwargs["aggregator"].payload({"w": jnp.zeros(10)}) == S.payload_bytes(11, 24, 4)

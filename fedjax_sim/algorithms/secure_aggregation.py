@@ -89,6 +89,7 @@ from jax.flatten_util import ravel_pytree
 
 from fedjax_sim.algorithms.aggregators import Aggregator, mean
 from fedjax_sim.algorithms.core import client_key, tree_norm
+from fedjax_sim.algorithms.privacy import dp_mean
 from fedjax_sim.core.checks import non_negative, positive
 from fedjax_sim.core.rows import gather_rows
 
@@ -389,8 +390,6 @@ def distributed_dp(
     """Distributed DP (module docstring): each client clips to C (`dp_mean(0, C, m)`, which
     also divides by m) and adds N(0, sigma^2), sigma = z C / sqrt(ceil(threshold m)), before
     secure aggregation; range R = C + 4 sigma unless `bound` is given."""
-    from fedjax_sim.algorithms.privacy import dp_mean
-
     positive("expected cohort size", expected_cohort)
     sigma = distributed_noise_std(noise_multiplier, clip_norm, expected_cohort, threshold)
     return secure_aggregation(
