@@ -58,6 +58,7 @@ from fedjax_sim.algorithms.client_work import ClientWork
 from fedjax_sim.algorithms.compose import compose
 from fedjax_sim.algorithms.distributors import Distributor, forced_cohorts
 from fedjax_sim.algorithms.local_hook import LocalHook, chain
+from fedjax_sim.algorithms.secure_aggregation import secure_aggregation
 from fedjax_sim.data import ArrayData, Batch, FederatedData
 from fedjax_sim.models import Model
 from fedjax_sim.run.history import History
@@ -137,6 +138,7 @@ __all__ = [
     "pfedme",
     "s_fedavg",
     "scaffold",
+    "secure_aggregation",
     "simulate",
     "simulate_streamed",
 ]

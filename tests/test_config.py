@@ -46,6 +46,7 @@ CHANGED = {
     "dp_accountant": "pld",
     "aggregator": "median",
     "aggregator_args": ("beta=0.2",),
+    "secure_aggregation": (("clip=10.0", "bits=16"),),  # one value: a tuple of key=value
     "attack": "sign_flip",
     "byzantine_fraction": 0.5,
     "attack_args": ("scale=2.0",),

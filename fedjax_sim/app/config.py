@@ -108,6 +108,11 @@ class RunConfig:
     aggregator_args: tuple[str, ...] = ()
     """Hyper-parameters of --aggregator as key=value (trimmed_mean: beta; krum: f;
     multi_krum: f, m; geometric_median: iters, nu; centered_clip: tau, iters; chunk)."""
+    secure_aggregation: tuple[str, ...] = ()
+    """Secure aggregation of the uploads (SecAgg, Bonawitz et al. 2017; SecAgg+ with fewer
+    neighbours, Bell et al. 2020) as key=value, any of them turning it on: clip (L2 norm;
+    required without --dp-clip, which then sets the range), bits (32), neighbours (cohort
+    size - 1), threshold (0.5), dropout (0), bound, rounding (stochastic)."""
     attack: Literal["sign_flip", "scale", "gaussian", "alie", "label_flip"] | None = None
     """Byzantine attack of --byzantine-fraction of the clients."""
     byzantine_fraction: float = 0.1
@@ -467,6 +472,7 @@ ALGORITHM_FLAGS: dict[str, str] = {
     "dp_accountant": "aggregator",
     "aggregator": "aggregator",
     "aggregator_args": "aggregator",
+    "secure_aggregation": "aggregator",
     "attack": "attack",
     "byzantine_fraction": "attack",
     "attack_args": "attack",
@@ -491,8 +497,8 @@ def _cohort_spec(cfg: RunConfig, explicit: Collection[str]):
     from fedjax_sim.algorithms.core import CohortSpec
 
     weighting = cfg.weighting
-    if cfg.dp_clip is not None and "weighting" not in explicit:
-        weighting = "uniform"  # DP: every participant counts once
+    if (cfg.dp_clip is not None or cfg.secure_aggregation) and "weighting" not in explicit:
+        weighting = "uniform"  # DP, secure aggregation: every participant counts once
     if cfg.cohort_sampling == "bernoulli":
         size = cfg.cohort_size if "cohort_size" in explicit else None
         return CohortSpec(size, "bernoulli", weighting, cfg.cohort_probability)
@@ -535,6 +541,13 @@ def check_privacy_robustness(cfg: RunConfig, explicit: Collection[str]) -> None:
             )
     if cfg.aggregator_args and cfg.aggregator == "mean":
         raise UsageError("--aggregator-args needs a robust --aggregator")
+    if cfg.secure_aggregation and cfg.aggregator != "mean":
+        raise UsageError(
+            f"--secure-aggregation reveals only the sum: it cannot be combined with "
+            f"--aggregator {cfg.aggregator}"
+        )
+    if cfg.secure_aggregation and cfg.weighting == "counts" and "weighting" in explicit:
+        raise UsageError("--secure-aggregation needs --weighting uniform (each client counts once)")
     if cfg.attack is None:
         for name in ("byzantine_fraction", "attack_args"):
             if name in explicit:
@@ -589,7 +602,50 @@ def privacy_record(cfg: RunConfig, acc: Any) -> dict[str, Any]:
     }
 
 
-def _aggregator(cfg: RunConfig, num_clients: int):
+SECURE_AGGREGATION_ARGS = (
+    "clip",
+    "bits",
+    "neighbours",
+    "threshold",
+    "dropout",
+    "bound",
+    "rounding",
+)
+
+
+def _aggregator(cfg: RunConfig, num_clients: int, explicit: Collection[str] = ()):
+    """The aggregator of the flags, inside secure aggregation with --secure-aggregation."""
+    inner = _inner_aggregator(cfg, num_clients)
+    if not cfg.secure_aggregation:
+        return inner
+    from fedjax_sim.algorithms.secure_aggregation import (
+        levels,
+        neighbour_offsets,
+        secure_aggregation,
+    )
+
+    args = validate.check_args(
+        "secure_aggregation",
+        "secure aggregation",
+        secure_aggregation,
+        parse_hparams(cfg.secure_aggregation, "--secure-aggregation"),
+        SECURE_AGGREGATION_ARGS,
+    )
+    if cfg.dp_clip is not None:
+        args.setdefault("bound", cfg.dp_clip)
+    elif "clip" not in args:
+        raise UsageError("--secure-aggregation needs clip=... (an L2 norm) without --dp-clip")
+    slots = _cohort_spec(cfg, explicit).size or num_clients  # M, the cohort's slots
+    args.setdefault("neighbours", slots - 1)
+    try:
+        neighbour_offsets(slots, args["neighbours"])  # the graph and the field fit M
+        levels(args.get("bits", 32), slots)
+        return secure_aggregation(inner, **args)
+    except ValueError as e:
+        raise UsageError(f"--secure-aggregation: {e}") from None
+
+
+def _inner_aggregator(cfg: RunConfig, num_clients: int):
     from fedjax_sim.algorithms import robust
 
     if cfg.dp_clip is not None:
@@ -675,7 +731,7 @@ def _concept_values(
     }
     if "aggregator" in params:
         values["aggregator"] = _aggregator(
-            cfg, cfg.num_clients if data is None else data.num_clients
+            cfg, cfg.num_clients if data is None else data.num_clients, explicit
         )
     if "attack" in params:
         values["attack"] = _attack(cfg, data)
