@@ -53,8 +53,9 @@ def table(rng, rows, **fixed):
 def plan(model, ids, steps, *, keep=None, clock=0.0, down=200.0, up=300.0, weights=None):
     ids = jnp.asarray(ids, jnp.int32)
     w = jnp.ones(ids.shape) if weights is None else jnp.asarray(weights)
+    fast = jax.jit(model.plan, static_argnames=("keep", "bytes_down", "bytes_up"))
     return jax.device_get(
-        model.plan(
+        fast(
             jnp.asarray(clock),
             jax.random.key(7),
             ids,
