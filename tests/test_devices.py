@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_sim.algorithms import fedavg
+from fedjax_sim.algorithms import fedavg, fedbuff
 from fedjax_sim.algorithms.aggregators import compressed
 from fedjax_sim.algorithms.compression import TopK
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
@@ -20,6 +20,7 @@ from fedjax_sim.algorithms.device_model import (
     TraceProfiles,
     bundled_trace,
     constant,
+    event_model,
     load_trace,
     lognormal,
     online,
@@ -29,7 +30,7 @@ from fedjax_sim.algorithms.device_model import (
 )
 from fedjax_sim.data import least_squares
 from fedjax_sim.models import linear_regression
-from fedjax_sim.run.simulate import simulate
+from fedjax_sim.run.simulate import EvalSpec, simulate
 
 DIM = 5
 ALWAYS = dict(period=100.0, session=100.0, phase=0.0, dropout=0.0)  # online, never vanishes
@@ -195,17 +196,22 @@ def test_device_path_trains_as_the_default_when_nobody_is_lost():
     without the device model (the clock only measures)."""
     data = problem().data
     loss = linear_regression(DIM).loss
-    kw = dict(cohort=CohortSpec(size=5), local=LocalSpec(steps=3))
+    kw = dict(cohort=CohortSpec(size=5), local=LocalSpec(steps=3), report_cohort=True)
     tab = table(np.random.default_rng(10), 5, **ALWAYS)
     plain, _ = run(fedavg(loss, **kw), data)
     timed, metrics = run(fedavg(loss, device_model=DeviceModel(TraceProfiles(tab)), **kw), data)
     np.testing.assert_array_equal(np.asarray(plain.params["w"]), np.asarray(timed.params["w"]))
     assert plain.clock is None
     assert float(timed.clock) == pytest.approx(sum(float(m["round_time"]) for m in metrics))
+    for m in metrics:  # the uncompressed float32 model both ways
+        assert m["bytes_down"] == 5 * 4 * DIM and m["bytes_up"] == 5 * 4 * DIM
+        t = np_times(tab, m["cohort_ids"], m["cohort_steps"], 4 * DIM, 4 * DIM)
+        assert m["round_time"] == pytest.approx(t.max(), rel=1e-6)
 
 
-@pytest.mark.parametrize("aggregator", [None, compressed(TopK(k=2))])
-def test_round_time_uses_the_bytes_the_round_sends(x64, aggregator):
+def test_round_time_uses_the_bytes_the_round_sends(x64):
+    """Compression shortens the upload: the clock uses the compressed payload."""
+    aggregator = compressed(TopK(k=2))
     data = problem().data
     tab = table(np.random.default_rng(11), 7, **ALWAYS)
     alg = fedavg(
@@ -221,7 +227,7 @@ def test_round_time_uses_the_bytes_the_round_sends(x64, aggregator):
         down = m["bytes_down"] / 6  # per client
         up = m["bytes_up"] / m["participants"]
         assert down == 8 * DIM  # the float64 model
-        assert up == (8 * DIM if aggregator is None else TopK(k=2).payload_bytes(DIM, 8))
+        assert up == TopK(k=2).payload_bytes(DIM, 8) < 8 * DIM
         t = np_times(tab, m["cohort_ids"], m["cohort_steps"], down, up)
         assert m["round_time"] == pytest.approx(t.max(), rel=1e-12)
 
@@ -235,13 +241,45 @@ def test_over_selection_in_a_round_and_history_column():
         device_model=DeviceModel(TraceProfiles(tab), over_selection=1.5),
         report_cohort=True,
     )
-    history = simulate(alg, data, jax.random.key(3), model=model, num_rounds=4)
+    every = EvalSpec(every=2, train=True)
+    history = simulate(alg, data, jax.random.key(3), model=model, num_rounds=4, evaluation=every)
+    hours, loss = history.eval_series("train_objective", x="virtual_hours")
+    rounds, same = history.eval_series("train_objective")
+    np.testing.assert_array_equal(loss, same)
+    clock = np.concatenate([[0.0], history.metric("virtual_time")])
+    np.testing.assert_allclose(hours, clock[rounds] / 3600.0)
     np.testing.assert_array_equal(history.metric("participants"), 4)
     np.testing.assert_allclose(
         history.metric("virtual_time"), np.cumsum(history.metric("round_time")), rtol=1e-6
     )
     assert history.metric("cohort_ids").shape == (4, 4)
     np.testing.assert_allclose(history.metric("bytes_down"), 6 * 4 * DIM)  # 6 downloaded
+
+
+# ------------------------------------------------------------------------------ asynchronous
+def test_event_model_fires_from_the_profiles(x64):
+    tab = table(np.random.default_rng(15), 10, dropout=np.linspace(0.0, 0.5, 10))
+    events = event_model(TraceProfiles(tab), 30, steps=5, bytes_down=200.0, bytes_up=300.0)
+    ids = np.arange(30)
+    lam = (1.0 - tab.dropout[ids % 10]) / np_times(tab, ids, np.full(30, 5))
+    dt = events.arrivals.dt
+    np.testing.assert_allclose(events.arrivals.values, -np.expm1(-lam * dt), rtol=1e-12)
+    assert events.arrivals.values.max() == pytest.approx(0.1)  # dt: max probability 0.1
+    prof = TraceProfiles(tab)(jnp.arange(30))
+    for t in (0.0, 250.0, 731.5):
+        np.testing.assert_array_equal(
+            np.asarray(events.availability.at(jnp.asarray(t), jnp.arange(30))),
+            np.asarray(online(prof, jnp.asarray(t))),
+        )
+    # an asynchronous algorithm runs on it (3 iterations), time in seconds
+    data = problem().data
+    model = linear_regression(DIM)
+    events = event_model(TraceProfiles(tab), 12, steps=2, bytes_down=40.0, bytes_up=40.0)
+    alg = fedbuff(model.loss, events=events, local=LocalSpec(steps=2))
+    _, metrics = run(alg, data, rounds=3)
+    np.testing.assert_allclose([m["t"] for m in metrics], events.arrivals.dt * np.arange(1, 4))
+    with pytest.raises(ValueError, match="steps"):
+        event_model(TraceProfiles(tab), 12, steps=0, bytes_down=1.0, bytes_up=1.0)
 
 
 # ------------------------------------------------------------------------------ profiles

@@ -83,6 +83,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sim.algorithms.core import client_key, float_dtype
+from fedjax_sim.algorithms.events import Aggregation, Arrivals, Availability, Events
 from fedjax_sim.core.checks import check_number, positive
 
 FIELDS = ("speed", "uplink", "downlink", "period", "session", "phase", "dropout")
@@ -492,3 +493,45 @@ class DeviceModel:
             downloads=jnp.sum(selected & avail),
             metrics=metrics,
         )
+
+
+# ------------------------------------------------------------------------------ asynchronous
+def event_model(
+    profiles: Profiles,
+    num_clients: int,
+    *,
+    steps: int,
+    bytes_down: float,
+    bytes_up: float,
+    aggregation: Aggregation | None = None,
+    availability: bool = True,
+    dt: float | None = None,
+    max_probability: float = 0.1,
+    capacity: int | Literal["auto"] | None = "auto",
+) -> Events:
+    """The asynchronous event engine firing from the device model instead of fixed rates.
+
+    Client i delivers at the Poisson rate `lambda_i = (1 - dropout_i) / time_i`, `time_i` its
+    round time for `steps` local steps and the given per-client bytes (`client_times`; a
+    vanished round is lost work, so deliveries are thinned by `1 - dropout_i`), discretised
+    by `Arrivals.poisson(dt)` (time in seconds; `dt=None`: the largest with every firing
+    probability <= `max_probability`; `aggregation`: default every 4 deliveries); with
+    `availability`, arrivals outside a client's online window are lost
+    (`Availability.periodic(period, session / period, phase)`).
+    Deviation, documented: a client's work takes an exponential time of mean `time_i`
+    (memoryless clocks, as the event engine's), not exactly `time_i`. The profiles of all C
+    clients are drawn on the host once (the engine's own bookkeeping is `[C]` already)."""
+    if not (isinstance(num_clients, int) and num_clients >= 1):
+        raise ValueError(f"num_clients must be an int >= 1, got {num_clients!r}")
+    check_number("steps", steps, lambda v: v >= 1 and v == int(v), "an integer >= 1")
+    for name, value in (("bytes_down", bytes_down), ("bytes_up", bytes_up)):
+        check_number(name, value, lambda v: 0 <= v < math.inf, "a finite number >= 0")
+    p = Profile(*(np.asarray(v, np.float64) for v in profiles(jnp.arange(num_clients))))
+    times = client_times(p, float(steps), float(bytes_down), float(bytes_up))
+    arrivals = Arrivals.poisson((1.0 - p.dropout) / times, dt=dt, max_probability=max_probability)
+    windows = None
+    if availability:
+        on = np.minimum(p.session / p.period, 1.0)
+        windows = Availability.periodic(p.period, on, p.phase, num_clients=num_clients)
+    aggregation = Aggregation() if aggregation is None else aggregation
+    return Events(arrivals, aggregation, availability=windows, capacity=capacity)
