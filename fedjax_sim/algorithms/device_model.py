@@ -62,12 +62,20 @@ starting at virtual time t0:
    without a deadline. The state's clock advances by it; `virtual_time` is the clock after
    the round (History's virtual-time column).
 
+Asynchronous algorithms fire from the same profiles: `event_model(profiles, C, steps=...,
+bytes_down=..., bytes_up=...)` is an `events.Events` whose Poisson rates are
+`(1 - dropout_i) / time_i` and whose availability windows are the profiles'.
+
 Clients that do not take part get weight 0 (as FedAvg's dropped stragglers), so a round where
 nobody reports leaves the model unchanged. All draws are masked operations inside the one
 compiled step, keyed by `round_key(key, t, DEVICES)` and the client id: bit-reproducible and
 independent of cohort order. Deviations, documented: a selected client counts as downloading
 only if it is online and has weight > 0 (data, sampled); a failed client (dropout, late) never
 uploads; without a deadline, the server detects failures at once (no timeout).
+`over_selection` is static (it sets the drawn cohort's shape); `deadline` may be traced (a
+sweep's grid). A streamed run (`run.streaming`) with over-selection must plan the drawn
+cohorts (`AlgorithmCohorts(CohortSpec(size=ceil(f M)))`); `UniformCohorts` plans give clients
+slot ids, so their profiles would be those of the slots: not supported.
 """
 
 from __future__ import annotations
