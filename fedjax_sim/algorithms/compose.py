@@ -47,6 +47,7 @@ from fedjax_sim.algorithms.attacks import byzantine, colluding
 from fedjax_sim.algorithms.client_work import ClientWork
 from fedjax_sim.algorithms.core import (
     COHORT,
+    DEVICES,
     EXTRA,
     LOCAL,
     STRAGGLERS,
@@ -68,6 +69,7 @@ from fedjax_sim.algorithms.core import (
     tree_norm,
     tree_sq_norm,
 )
+from fedjax_sim.algorithms.device_model import DeviceModel
 from fedjax_sim.algorithms.distributors import Distributor, DistributorSummary, as_distributor
 from fedjax_sim.algorithms.local_hook import LocalHook, RoundSummary, chain
 from fedjax_sim.algorithms.optimizers import ClientOptimizer, ServerOptimizer, server_optimizer_from
@@ -89,6 +91,7 @@ class FederatedState:
       hooks: `{hook name: server-side state}` of the hooks.
       aggregator: the aggregator's server state and named per-client memories (`Rows`).
       cohort: the distributor's state (None for a `CohortSpec`).
+      clock: `[]` virtual seconds elapsed under a `device_model` (None without one).
     """
 
     params: Params
@@ -98,6 +101,7 @@ class FederatedState:
     hooks: Any = None
     aggregator: Any = None
     cohort: Any = None
+    clock: Any = None
 
 
 def compose(
@@ -110,6 +114,7 @@ def compose(
     client_map: ClientMap = ClientMap(),
     report_cohort: bool = False,
     report_sent: bool = False,
+    device_model: DeviceModel | None = None,
 ) -> Algorithm:
     """A synchronous federated algorithm from its parts.
 
@@ -129,6 +134,9 @@ def compose(
         `reduce`, after this), flattened in `jax.flatten_util.ravel_pytree(params)` order; rows of
         clients with weight 0 are reported too. With `mean()` the weighted mean of the rows
         is the round's update.
+      device_model: device profiles and the virtual clock (`device_model.DeviceModel`:
+        availability, deadline, over-selection); adds the metrics `round_time`,
+        `virtual_time`, `unavailable`, `late`, `dropouts`. None: no clock (the default).
 
     Metrics: `train_loss`, `participants`, `stragglers`, `local_steps`, `update_norm`,
     `consistency` (FedMIM's C_t), `bytes_up`, `bytes_down`, `uplink_memory_rms` (aggregators
@@ -137,6 +145,15 @@ def compose(
     aggregator = aggregator or mean()
     server_opt = server_optimizer_from(server_optimizer)
     distributor = as_distributor(cohort)
+    keep = None  # clients a round keeps under over-selection (None: all drawn)
+    if device_model is not None and device_model.over_selection > 1:
+        if not (isinstance(cohort, CohortSpec) and cohort.size is not None):
+            raise ValueError("over_selection needs a CohortSpec with a cohort size M")
+        if cohort.sampling == "bernoulli":
+            raise ValueError("over_selection needs uniform or proportional cohort sampling")
+        keep = cohort.size
+        cohort = dataclasses.replace(cohort, size=device_model.selection_size(keep))
+        distributor = as_distributor(cohort)
     needs_rows = any(h.init_row is not None for h in work.hook.hooks)
     if needs_rows and not distributor.distinct:
         raise ValueError(
@@ -147,6 +164,8 @@ def compose(
         raise ValueError(f"num_clients must be an int >= 1, got {num_clients!r}")
     hooks = work.hook.hooks
     uniform_work = work.local.epochs is None and work.stragglers.fraction == 0.0
+    if device_model is not None and device_model.late == "partial":
+        uniform_work = False
     stack_sent = aggregator.stacked or report_sent
 
     personal = work.partition is not None
@@ -173,6 +192,7 @@ def compose(
             hooks=work.init_server(params),
             aggregator=AggregatorState(agg_server, agg_rows),
             cohort=distributor.init(num_clients),
+            clock=None if device_model is None else device_model.init(),
         )
 
     def step(state: FederatedState, data: FederatedData, key: jax.Array):
@@ -190,38 +210,82 @@ def compose(
         local_key = round_key(key, t, LOCAL)
         uplink_key = round_key(key, t, UPLINK)
         agg_server, agg_rows = state.aggregator.server, state.aggregator.rows
+        uplink = {}  # bytes one client sends, from the shapes of what it sends (at trace time)
+
+        def client_fn_for(broadcast):
+            def client_fn(cid, steps, rows, agg_row, client_input):
+                res = work.train(
+                    x,
+                    data,
+                    cid,
+                    client_key(local_key, cid),
+                    round_=t,
+                    server=broadcast,
+                    rows=rows,
+                    client_input=client_input,
+                    num_steps=None if uniform_work else steps,
+                    optimizer=optimizer,
+                )
+                sent, agg_row = aggregator.encode(
+                    res.update, agg_row, client_key(uplink_key, cid), agg_server
+                )
+                sent_bytes = (
+                    aggregator.payload(x_shared) if aggregator.payload else tree_size_bytes(sent)
+                )
+                uplink["bytes"] = sent_bytes + work.bytes_up(res)
+                summand = (sent, res.loss, tree_sq_norm(work.shared(res.delta, x)), res.summands)
+                stacked = sent if stack_sent else None
+                return summand, (res.steps, res.rows, agg_row, res.outputs, stacked)
+
+            return client_fn
+
+        def client_bytes(ids, weights, num_steps):
+            """`(bytes one client receives, bytes it sends)` this round, from the shapes and
+            dtypes of what it receives and sends: the hooks' `prepare` and one client's work
+            traced by `jax.eval_shape` (nothing of it runs)."""
+            sizes = {}
+
+            def one(ids, weights, num_steps):
+                cohort = Cohort(ids, weights, t, data.num_clients)
+                broadcast, inputs = work.prepare(state.hooks, cohort, x, round_key(key, t, EXTRA))
+                sizes["down"] = float(tree_size_bytes(x_shared)) + work.bytes_down(
+                    broadcast, inputs, ids.shape[0]
+                )
+                first = lambda tree: jax.tree.map(lambda a: a[0], tree)
+                client_fn_for(broadcast)(
+                    ids[0],
+                    num_steps[0],
+                    first(gather_rows(state.rows, ids[:1])),
+                    first(gather_rows(state.aggregator.rows, ids[:1])),
+                    first(inputs),
+                )
+
+            jax.eval_shape(one, ids, weights, num_steps)
+            return sizes["down"], uplink["bytes"]
+
+        clock, device_metrics, downloads = state.clock, {}, None
+        if device_model is not None:
+            bytes_down, bytes_up = client_bytes(ids, weights, num_steps)
+            plan = device_model.plan(
+                state.clock,
+                round_key(key, t, DEVICES),
+                ids,
+                weights,
+                num_steps,
+                keep=ids.shape[0] if keep is None else keep,
+                bytes_down=bytes_down,
+                bytes_up=bytes_up,
+            )
+            ids, is_straggler = ids[plan.slots], is_straggler[plan.slots]
+            weights, num_steps = plan.weights, plan.num_steps
+            clock, device_metrics, downloads = plan.clock, plan.metrics, plan.downloads
         cohort_rows = gather_rows(state.rows, ids)
         cohort_agg_rows = gather_rows(agg_rows, ids)
         cohort = Cohort(ids, weights, t, data.num_clients)
         broadcast, inputs = work.prepare(state.hooks, cohort, x, round_key(key, t, EXTRA))
-        uplink = {}  # bytes one client sends, from the shapes of what it sends (at trace time)
-
-        def client_fn(cid, steps, rows, agg_row, client_input):
-            res = work.train(
-                x,
-                data,
-                cid,
-                client_key(local_key, cid),
-                round_=t,
-                server=broadcast,
-                rows=rows,
-                client_input=client_input,
-                num_steps=None if uniform_work else steps,
-                optimizer=optimizer,
-            )
-            sent, agg_row = aggregator.encode(
-                res.update, agg_row, client_key(uplink_key, cid), agg_server
-            )
-            sent_bytes = (
-                aggregator.payload(x_shared) if aggregator.payload else tree_size_bytes(sent)
-            )
-            uplink["bytes"] = sent_bytes + work.bytes_up(res)
-            summand = (sent, res.loss, tree_sq_norm(work.shared(res.delta, x)), res.summands)
-            stacked = sent if stack_sent else None
-            return summand, (res.steps, res.rows, agg_row, res.outputs, stacked)
 
         total, total_weight, outs = map_weighted_sum(
-            client_fn,
+            client_fn_for(broadcast),
             ids,
             weights,
             num_steps,
@@ -300,6 +364,8 @@ def compose(
         cohort_up = cohort_metrics.pop("bytes_up", 0.0)
         cohort_down = cohort_metrics.pop("bytes_down", 0.0)
         down = float(tree_size_bytes(x_shared)) + work.bytes_down(broadcast, inputs, ids.shape[0])
+        if downloads is None:
+            downloads = distributor.downloads(ids, weights)
         metrics = {
             "train_loss": train_loss,
             "participants": participants,
@@ -308,11 +374,11 @@ def compose(
             "update_norm": tree_norm(mean_update),
             "consistency": consistency(mean_sq_norm, mean_update),
             "bytes_up": participants.astype(jnp.float32) * uplink["bytes"] + cohort_up,
-            "bytes_down": distributor.downloads(ids, weights).astype(jnp.float32) * down
-            + cohort_down,
+            "bytes_down": downloads.astype(jnp.float32) * down + cohort_down,
             **agg_metrics,
             **metrics,
             **cohort_metrics,
+            **device_metrics,
         }
         if jax.tree.leaves(agg_rows) and not streamed_rows(agg_rows):
             # RMS over clients of the memory norms ||e_i|| (all C rows: not when streamed)
@@ -329,6 +395,7 @@ def compose(
             hooks=servers,
             aggregator=AggregatorState(agg_server, agg_rows),
             cohort=cohort_state,
+            clock=clock,
         )
         return new_state, metrics
 
@@ -363,6 +430,7 @@ class Options:
     report_sent: bool = False
     attack: Any = None
     partition: Partition | None = None
+    device_model: DeviceModel | None = None
 
 
 def preset(
@@ -453,4 +521,5 @@ def synchronous(loss_fn: LossFn, options: Options, *hooks: LocalHook) -> Algorit
         client_map=o.client_map,
         report_cohort=o.report_cohort,
         report_sent=o.report_sent,
+        device_model=o.device_model,
     )

@@ -138,9 +138,23 @@ class History:
     def metric(self, name: str) -> np.ndarray:
         return np.asarray(self.metrics[name])
 
-    def eval_series(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+    def eval_series(self, name: str, x: str = "round") -> tuple[np.ndarray, np.ndarray]:
+        """`(x [n], values [n])` of an evaluated metric; `x="round"`, or `"virtual_hours"`:
+        the virtual clock after each evaluated round (`virtual_time` / 3600, 0 at round 0;
+        runs with a `device_model`)."""
         rows = [e for e in self.evals if name in e]
-        return np.array([e["round"] for e in rows]), np.array([e[name] for e in rows])
+        rounds, values = np.array([e["round"] for e in rows]), np.array([e[name] for e in rows])
+        if x == "round":
+            return rounds, values
+        if x != "virtual_hours":
+            raise ValueError(f"x must be round|virtual_hours, got {x!r}")
+        if "virtual_time" not in self.metrics:
+            raise ValueError("no virtual_time metric: run with a device_model")
+        clock = dict(
+            zip(self.rounds, np.asarray(self.metrics["virtual_time"]).tolist(), strict=True)
+        )
+        clock[0] = 0.0
+        return np.array([clock[int(r)] / 3600.0 for r in rounds]), values
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
