@@ -9,7 +9,7 @@ import pytest
 from test_partition import BLOCKS, W0, C, loss, split
 
 from fedjax_sim.algorithms.core import COHORT, CohortSpec, LocalSpec, round_key
-from fedjax_sim.algorithms.partitioned import fedper, fedrep, head_and_body, lg_fedavg
+from fedjax_sim.algorithms.partitioned import fedbabu, fedper, fedrep, head_and_body, lg_fedavg
 from fedjax_sim.data import least_squares
 from fedjax_sim.models import mlp
 
@@ -80,6 +80,49 @@ def test_fedrep_matches_numpy(x64):
     np.testing.assert_array_equal(s.rows["personal"]["head"], np.tile(W0[2:4], (C, 1)))
     with pytest.raises(ValueError, match="leaves the body no step"):
         fedrep(loss, head_steps=steps, local=LocalSpec(steps=steps))
+
+
+def test_fedbabu_matches_numpy(x64):
+    """The head ("head" and "base" blocks) stays at its initialisation, the body follows
+    full-batch FedAvg; personal models: 3 full-batch GD steps on the whole model."""
+    problem = least_squares(num_clients=C, examples_per_client=np.arange(3, 3 + C), dim=6, seed=5)
+    h, lin = problem.hessians, problem.linear
+    cohort = CohortSpec(size=C, weighting="uniform")
+    lr, steps = 0.06, 3
+    alg = fedbabu(
+        loss,
+        head="head|base",
+        finetune_steps=steps,
+        num_clients=C,
+        client_optimizer=lr,
+        local=LocalSpec(steps=steps, sampling="full"),
+        cohort=cohort,
+    )
+    key = jax.random.key(4)
+    state = alg.init(split(W0), key)
+    for _ in range(3):
+        state, metrics = jax.jit(alg.step)(state, problem.data, key)
+    x = W0.copy()
+    for _ in range(3):
+        deltas = []
+        for i in range(C):
+            y = x.copy()
+            for _ in range(steps):
+                g = h[i] @ y - lin[i]
+                y[BLOCKS["body"]] -= lr * g[BLOCKS["body"]]
+            deltas.append(y - x)
+        x = x + np.mean(deltas, axis=0)
+    np.testing.assert_allclose(state.params["body"], x[BLOCKS["body"]], rtol=1e-10)
+    np.testing.assert_array_equal(state.params["head"], W0[BLOCKS["head"]])
+    assert float(metrics["bytes_up"]) == C * 2 * 8
+    ids = jnp.array([1, 7])
+    own = alg.personalize(state, problem.data, ids, key)
+    for j, i in enumerate([1, 7]):
+        y = x.copy()
+        for _ in range(steps):
+            y = y - lr * (h[i] @ y - lin[i])
+        got = np.concatenate([own[k][j] for k in ("body", "head", "base")])
+        np.testing.assert_allclose(got, y, rtol=1e-10)
 
 
 def test_head_of_an_mlp_and_lg_fedavg():

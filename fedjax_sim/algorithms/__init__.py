@@ -55,7 +55,7 @@ from fedjax_sim.algorithms.fgdro import fgdro_cvar, fgdro_kl, fgdro_kl_adam, loc
 from fedjax_sim.algorithms.fixed_point import ef_fedavg, ef_fedprox, fp_fedavg, fp_fedprox
 from fedjax_sim.algorithms.mifa import mifa
 from fedjax_sim.algorithms.partition import Partition, by_path
-from fedjax_sim.algorithms.partitioned import fedper, fedrep, lg_fedavg
+from fedjax_sim.algorithms.partitioned import fedbabu, fedper, fedrep, lg_fedavg
 from fedjax_sim.algorithms.personal_models import apfl, ditto, fedavg_ft, per_fedavg, pfedme
 from fedjax_sim.algorithms.scaffold import scaffold
 from fedjax_sim.algorithms.schedules import client_sgd, round_decay
@@ -120,6 +120,7 @@ register("fedlps", fedlps)
 register("fedper", fedper)
 register("lg_fedavg", lg_fedavg)
 register("fedrep", fedrep)
+register("fedbabu", fedbabu)
 register("fednova", fednova)
 register("ditto", ditto, "Ditto: FedAvg plus proximal personal models v_i (Li et al., ICML 2021).")
 register("apfl", apfl, "APFL: personal models mixed with the global one (Deng et al. 2020).")
@@ -144,6 +145,7 @@ def build(name: str, loss_fn: Callable, **kwargs: Any) -> Algorithm:
 __all__ = [
     "Partition",
     "by_path",
+    "fedbabu",
     "fedper",
     "fedrep",
     "lg_fedavg",

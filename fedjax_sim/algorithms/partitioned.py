@@ -1,14 +1,15 @@
 """Personalized presets that split the model into a body and a head (`partition.Partition`):
-FedPer, LG-FedAvg and FedRep. Personal parts are per-client rows `[C, ...]` (they stream from
-the host and shard like every row); only the shared part is sent, aggregated and stepped by
-the server optimizer; `Algorithm.personalize` gives each client's model (the global shared
-part with its own personal part).
+FedPer, LG-FedAvg, FedRep and FedBABU. Personal parts are per-client rows `[C, ...]` (they
+stream from the host and shard like every row); only the shared part is sent, aggregated and
+stepped by the server optimizer; `Algorithm.personalize` gives each client's model (the
+global shared part with its own personal part; FedBABU's: fine-tuned).
 
 | preset | shared (travels) | personal (a row) | local steps | paper |
 |---|---|---|---|---|
 | `fedper` | body | head | all trainable leaves together | Arivazhagan et al. 2019 |
 | `lg_fedavg` | head | body | all trainable leaves together | Liang et al. 2020 |
 | `fedrep` | body | head | `head_steps` on the head, then the body | Collins et al., ICML 2021 |
+| `fedbabu` | body | - (head frozen at init) | the body only | Oh, Kim, Yun, ICLR 2022 |
 
 The head is the model's last layer (the last top-level module in natural order, e.g.
 `Dense_2` of an MLP, below a single wrapper such as flax's `params`), or the leaves whose
@@ -29,6 +30,7 @@ from fedjax_sim.algorithms.compose import Options, preset, synchronous
 from fedjax_sim.algorithms.core import Algorithm, LossFn
 from fedjax_sim.algorithms.local_hook import LocalHook
 from fedjax_sim.algorithms.partition import Label, Partition, path_name
+from fedjax_sim.algorithms.personal_models import check_finetune, fine_tuned
 from fedjax_sim.core.checks import check_number
 
 Params = Any
@@ -137,3 +139,24 @@ def fedrep(
         )
     partition = head_and_body(head, head_label="personal", body_label="shared")
     return synchronous(loss_fn, _with_partition(options, partition), alternating(head_steps, head))
+
+
+@preset()
+def fedbabu(
+    loss_fn: LossFn,
+    *,
+    head: str | None = None,
+    finetune_steps: int = 5,
+    finetune_lr: float | None = None,
+    options: Options,
+) -> Algorithm:
+    """FedBABU (Oh, Kim, Yun, "FedBABU: Toward Enhanced Representation for Federated Image
+    Classification", ICLR 2022): the head stays at its random initialisation during
+    federated training (frozen: no gradient, never sent); FedAvg on the body. Personal
+    models: the whole model fine-tuned by `finetune_steps` local SGD steps of size
+    `finetune_lr` (None: the client learning rate) on the client's data
+    (`personal_models.fine_tuned`, as FedAvg-FT)."""
+    lr = check_finetune("FedBABU", finetune_steps, finetune_lr, options)
+    partition = head_and_body(head, head_label="frozen", body_label="shared")
+    algorithm = synchronous(loss_fn, _with_partition(options, partition))
+    return algorithm._replace(personalize=fine_tuned(loss_fn, finetune_steps, lr, options.local))

@@ -405,6 +405,16 @@ def per_fedavg(
 
 
 # ------------------------------------------------------------------------------ FedAvg-FT
+def check_finetune(name: str, steps: int, lr: float | None, options: Options) -> ClientOptimizer:
+    """The fine-tuning step size of `name` (`lr`, None: the client learning rate), after
+    checking `steps >= 0` and `lr > 0` (ValueError naming the parameter)."""
+    _check_count(f"{name} finetune_steps", steps, 0)
+    if lr is not None:
+        positive(f"{name} finetune_lr", lr)
+    _check_client_lr(f"{name} finetune_lr", lr, options)
+    return options.client_optimizer if lr is None else lr
+
+
 @preset(stragglers=Stragglers(policy="drop"))
 def fedavg_ft(
     loss_fn: LossFn,
@@ -416,10 +426,6 @@ def fedavg_ft(
     """FedAvg with local fine-tuning (Wang et al. 2019; the pFL benchmarks): FedAvg training;
     personal models: `finetune_steps` local SGD steps of size `finetune_lr` (None: the client
     learning rate) from the global model on the client's data."""
-    _check_count("FedAvg-FT finetune_steps", finetune_steps, 0)
-    if finetune_lr is not None:
-        positive("FedAvg-FT finetune_lr", finetune_lr)
-    _check_client_lr("FedAvg-FT finetune_lr", finetune_lr, options)
-    lr = options.client_optimizer if finetune_lr is None else finetune_lr
+    lr = check_finetune("FedAvg-FT", finetune_steps, finetune_lr, options)
     personalize = fine_tuned(loss_fn, finetune_steps, lr, options.local)
     return synchronous(loss_fn, options)._replace(personalize=personalize)
