@@ -27,6 +27,7 @@ from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg, fedprox  # noqa
 from fedjax_sim.algorithms.area import area  # noqa: E402
 from fedjax_sim.algorithms.core import local_train, minibatch  # noqa: E402
 from fedjax_sim.algorithms.fedbuff import fedbuff  # noqa: E402
+from fedjax_sim.algorithms.partitioned import fedper  # noqa: E402
 from fedjax_sim.algorithms.scaffold import scaffold  # noqa: E402
 from fedjax_sim.data import least_squares  # noqa: E402
 from fedjax_sim.models import linear_regression  # noqa: E402
@@ -52,9 +53,13 @@ def problem():
 
 def run(alg, data, rounds=ROUNDS, mesh=None):
     """Final global model; with a mesh, the data and every per-client state row `[C, ...]`
-    are placed sharded over the clients axis (as `simulate(mesh=...)` does)."""
+    are placed sharded over the clients axis (as `simulate(mesh=...)` does). FedPer's model
+    has a personal head `z` (`x @ (w * z)`)."""
     key = jax.random.key(0)
-    state = alg.init({"w": jnp.ones(3)}, key)
+    params = {"w": jnp.ones(3)}
+    if getattr(alg, "personalize", None) is not None:
+        params["z"] = jnp.linspace(0.5, 1.5, 3)
+    state = alg.init(params, key)
     if mesh is not None:
         state, data = distributed.place_run(state, data, mesh)
     step = jax.jit(alg.step)
@@ -88,6 +93,15 @@ def stateful_algorithms(client_map):
         ),
         "area": area(model.loss, **events_kw),
         "fedbuff": fedbuff(model.loss, **events_kw),
+        "fedper": fedper(
+            lambda p, b: model.loss({"w": p["w"] * p["z"]}, b),
+            head="z",
+            num_clients=16,
+            client_optimizer=0.05,
+            local=local,
+            cohort=CohortSpec(size=10),
+            client_map=client_map,
+        ),
     }
 
 

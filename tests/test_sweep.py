@@ -11,7 +11,15 @@ import pytest
 from scipy import stats
 
 from fedjax_sim import EvalSpec, simulate
-from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg, fedbuff, fedprox, scaffold
+from fedjax_sim.algorithms import (
+    CohortSpec,
+    LocalSpec,
+    fedavg,
+    fedbuff,
+    fedper,
+    fedprox,
+    scaffold,
+)
 from fedjax_sim.app.cli import main
 from fedjax_sim.data import load_digits
 from fedjax_sim.models import mlp
@@ -62,6 +70,9 @@ def _algorithms(model, ds):
         "fedbuff": fedbuff(
             model.loss, num_clients=12, firing_probability=0.3, client_optimizer=0.1, local=L
         ),
+        "fedper": fedper(
+            model.loss, num_clients=12, client_optimizer=0.1, local=L, cohort=CohortSpec(size=4)
+        ),
     }
 
 
@@ -71,7 +82,7 @@ def _algorithms(model, ds):
 VMAP_TOL = dict(rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["fedavg", "scaffold", "fedbuff"])
+@pytest.mark.parametrize("name", ["fedavg", "scaffold", "fedbuff", "fedper"])
 def test_sweep_run_r_equals_the_single_run(setup, name):
     ds, model = setup
     alg = _algorithms(model, ds)[name]
@@ -87,6 +98,8 @@ def test_sweep_run_r_equals_the_single_run(setup, name):
         _same(vmapped.histories[run.index], single, **VMAP_TOL)
     if name == "scaffold":  # per-client state is stacked [R, C, ...]
         assert jax.tree.leaves(vmapped.states.rows["control_variates"])[0].shape[:2] == (2, 12)
+    if name == "fedper":  # personal heads too
+        assert jax.tree.leaves(vmapped.states.rows["personal"])[0].shape[:2] == (2, 12)
 
 
 @pytest.mark.parametrize("name", ["fedavg", "scaffold", "fedbuff"])
