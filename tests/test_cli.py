@@ -169,3 +169,46 @@ def test_own_algorithm_from_the_command_line(tmp_path, monkeypatch, capsys):
     [mine] = out.glob("my_algs_34.my_fedavg_digits_*")
     [plain] = out.glob("fedavg_digits_*")
     assert (mine / "history.csv").read_text() == (plain / "history.csv").read_text()
+
+
+# ------------------------------------------------------------------------------ issue 37
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "--unseen-steps", "3"], "--unseen-steps sets the adaptation of --unseen-clients"),
+        (["run", "--unseen-clients", "100"], "--unseen-clients 100 must be < --num-clients 100"),
+        (["run", "--unseen-clients", "-1"], "--unseen-clients must be >= 0"),
+        (["run", "--unseen-clients", "3", "--unseen-steps", "-1"], "--unseen-steps must be >= 0"),
+        (["run", "--unseen-clients", "95"], "--cohort-size 10 exceeds the 5 trained clients"),
+        (["run", "--unseen-clients", "2", "--devices", "2"], "unseen clients are evaluated"),
+        (["run", "--population", "uniform", "--personal-eval"], "--personal-eval: a streamed run"),
+        (["run", "--population", "uniform", "--unseen-clients", "2"], "--unseen-clients: a str"),
+        (["sweep", "--personal-eval"], "--personal-eval: a sweep evaluates its runs' global"),
+        (["sweep", "--unseen-clients", "2"], "--unseen-clients: a sweep evaluates"),
+    ],
+)
+def test_personal_evaluation_flags_refused_in_one_line(capsys, args, message):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert "Traceback" not in err
+
+
+def test_personal_evaluation_end_to_end(tmp_path, capsys):
+    """`run --personal-eval --unseen-clients`: the summary line shows the personal models'
+    mean / 10th percentile / worst and the unseen clients' accuracy; history.json keeps each
+    trained client's personal and global accuracy at every evaluation."""
+    args = ["run", "--algorithm", "ditto", "--model", "logistic", "--num-clients", "10"]
+    args += ["--cohort-size", "3", "--rounds", "2", "--eval-every", "2", "--client-map", "vmap"]
+    args += ["--personal-eval", "--unseen-clients", "2", "--unseen-steps", "1", "--no-progress"]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "personal models evaluated, 2 unseen clients (1 steps)" in out
+    hist = json.loads((tmp_path / "history.json").read_text())
+    final = hist["eval"][-1]
+    assert f"personal models: mean {final['personal_accuracy_mean']:.4f}, 10th pct." in out
+    assert f"unseen clients after 1 steps: mean {final['unseen_accuracy_mean']:.4f}" in out
+    assert [e["round"] for e in hist["client_eval"]] == [0, 2]
+    for name in ("personal_accuracy", "client_accuracy"):
+        assert len(hist["client_eval"][-1][name]) == 8  # the trained clients
+    assert len(hist["client_eval"][-1]["unseen_accuracy"]) == 2

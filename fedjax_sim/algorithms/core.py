@@ -69,7 +69,7 @@ def float_dtype() -> jnp.dtype:
 
 # ------------------------------------------------------------------------------ keys
 # Purposes folded into the round key, so different uses never share random bits.
-COHORT, LOCAL, STRAGGLERS, EXTRA, UPLINK, DEVICES = 0, 1, 2, 3, 4, 5
+COHORT, LOCAL, STRAGGLERS, EXTRA, UPLINK, DEVICES, PERSONALIZE = 0, 1, 2, 3, 4, 5, 6
 
 
 def round_key(key: PRNGKey, round_: jax.Array, purpose: int) -> PRNGKey:

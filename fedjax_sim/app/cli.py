@@ -99,10 +99,25 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
         name, summary = dataset.name, dataset.train.summary()
         natural = cfg.dataset in ("shakespeare", "fedprox_synthetic", "shifted_minority")
         setting = f"{'natural' if natural else cfg.partition} partition"
+        if cfg.personal_eval:
+            setting += ", personal models evaluated"
+        if cfg.unseen_clients:
+            setting += f", {cfg.unseen_clients} unseen clients ({cfg.unseen_steps} steps)"
         driver = functools.partial(
-            simulate, algorithm, dataset.train, client_map=client_map, mesh=mesh
+            simulate,
+            algorithm,
+            dataset.train,
+            client_map=client_map,
+            mesh=mesh,
+            unseen=dataset.unseen,
         )
-        evaluation = EvalSpec(every=cfg.eval_every)
+        evaluation = EvalSpec(
+            every=cfg.eval_every,
+            personal=cfg.personal_eval,
+            unseen_steps=cfg.unseen_steps,
+            unseen_lr=cfg.client_lr,
+            unseen_batch_size=cfg.batch_size,
+        )
     main_process = jax.process_index() == 0
     if main_process:
         print(
@@ -158,6 +173,16 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
         line += (
             f" (client mean {final['client_accuracy_mean']:.4f}, "
             f"worst {final['client_accuracy_worst']:.4f})"
+        )
+    if "personal_accuracy_mean" in final and math.isfinite(final["personal_accuracy_worst"]):
+        line += (
+            f"; personal models: mean {final['personal_accuracy_mean']:.4f}, 10th pct. "
+            f"{final['personal_accuracy_p10']:.4f}, worst {final['personal_accuracy_worst']:.4f}"
+        )
+    if "unseen_accuracy_mean" in final:
+        line += (
+            f"; unseen clients after {cfg.unseen_steps} steps: mean "
+            f"{final['unseen_accuracy_mean']:.4f}"
         )
     if "epsilon" in final:
         line += (
@@ -255,6 +280,9 @@ def _check_loaded(cfg: RunConfig, dataset, model, client_map, mesh) -> None:
 
     train = dataset.train
     validate.check_model_data(cfg.model, cfg.dataset, train.x.dtype, train.feature_shape)
+    if (cfg.personal_eval or cfg.unseen_clients) and not train.has_client_test:
+        name = "--personal-eval" if cfg.personal_eval else "--unseen-clients"
+        raise UsageError(f"{name}: --dataset {cfg.dataset} has no per-client test splits")
     num_test = dataset.test.size if dataset.test is not None else 0
     message = validate.central_test_message(num_test, cfg.num_clients)
     if message and message[1]:

@@ -138,6 +138,17 @@ class RunConfig:
     """Multi-process: this process's id (or env FEDJAX_SIM_PROCESS_ID)."""
     eval_every: int = 20
     """Rounds between evaluations (one compiled scan chunk each)."""
+    personal_eval: bool = False
+    """Evaluate each client's own model on its test split at every evaluation (personalized
+    algorithms: its personal model; the others: the global model): personal mean, worst and
+    10th-percentile accuracy beside the global model's; history.json keeps every client's."""
+    unseen_clients: int = 0
+    """Hold out this many of the --num-clients clients (drawn from --seed) as unseen: never
+    trained on; at every evaluation each adapts by --unseen-steps local steps from the global
+    model on its training data and is evaluated on its test split."""
+    unseen_steps: int = 5
+    """Local SGD steps (size --client-lr, minibatches of --batch-size) of the unseen clients'
+    adaptation (0: the global model as it is)."""
     seed: int = 0
     """Seed of the run key and of the partition."""
     out: str = "results/{algorithm}_{dataset}{settings}"
@@ -223,6 +234,7 @@ def build_run(cfg: RunConfig, mesh=None, explicit: Collection[str] | None = None
     import jax
 
     from fedjax_sim import data
+    from fedjax_sim.data.unseen import held_out
 
     validate.check_config(cfg)
     load_kwargs: dict[str, object] = {"num_clients": cfg.num_clients, "seed": cfg.seed}
@@ -247,6 +259,9 @@ def build_run(cfg: RunConfig, mesh=None, explicit: Collection[str] | None = None
             load_kwargs["data_dir"] = cfg.data_dir
     kwargs_without_data = algorithm_kwargs(cfg, explicit)  # refuse bad flags before loading
     dataset = data.load(cfg.dataset, **load_kwargs)
+    if cfg.unseen_clients:  # held out before the algorithm sizes its [C, ...] rows
+        train, unseen = held_out(dataset.train, cfg.unseen_clients, cfg.seed)
+        dataset = dataset._replace(train=train, unseen=unseen)
     if mesh is not None and jax.process_count() > 1:
         from fedjax_sim.runtime import distributed
 
@@ -297,6 +312,12 @@ def check_stream(cfg: RunConfig, explicit: Collection[str]) -> RunConfig:
             raise UsageError(
                 f"{flag(name)} sets up an in-memory dataset; {source} names the "
                 "population of this run: drop one of them"
+            )
+    for name in ("personal_eval", "unseen_clients"):
+        if name in explicit:
+            raise UsageError(
+                f"{flag(name)}: a streamed run ({source}) evaluates on the central test set "
+                "only (no per-client test splits); run it on an in-memory --dataset"
             )
     multi = [n for n in ("coordinator", "num_processes", "process_id") if n in explicit]
     if (cfg.devices or 1) > 1 or multi:

@@ -48,6 +48,8 @@ RULES: dict[str, Range] = {
     "local_steps": POSITIVE_INT,
     "batch_size": POSITIVE_INT,
     "eval_every": POSITIVE_INT,
+    "unseen_clients": Range(0, INT32_MAX),
+    "unseen_steps": Range(0, INT32_MAX),
     "cohort_size": POSITIVE_INT,
     "shards_per_client": POSITIVE_INT,
     "map_batch_size": POSITIVE_INT,
@@ -356,6 +358,7 @@ def check_config(cfg: Any, max_virtual_devices: int | None = None) -> None:
             raise UsageError(
                 f"--cohort-size {cfg.cohort_size} exceeds --num-clients {cfg.num_clients}"
             )
+    check_unseen(cfg)
     if cfg.num_processes is not None and cfg.process_id is not None:
         if cfg.process_id >= cfg.num_processes:
             raise UsageError(
@@ -383,6 +386,30 @@ def check_config(cfg: Any, max_virtual_devices: int | None = None) -> None:
         extras.require("privacy", "--dp-clip")
     if data.needs_tfds(cfg.dataset):
         extras.require("tfds", f"--dataset {cfg.dataset}")
+
+
+def check_unseen(cfg: Any) -> None:
+    """`--unseen-clients` leaves some clients to train, fits the cohort, runs unsharded;
+    `--unseen-steps` needs it."""
+    held = getattr(cfg, "unseen_clients", 0)
+    if held and held >= cfg.num_clients:
+        raise UsageError(
+            f"--unseen-clients {held} must be < --num-clients {cfg.num_clients} (the others train)"
+        )
+    trained = cfg.num_clients - held
+    if held and cfg.cohort_size is not None and cfg.cohort_sampling == "uniform":
+        if cfg.cohort_size > trained:
+            raise UsageError(
+                f"--cohort-size {cfg.cohort_size} exceeds the {trained} trained clients "
+                f"(--num-clients {cfg.num_clients} - --unseen-clients {held})"
+            )
+    if held and cfg.devices is not None and cfg.devices > 1:
+        raise UsageError(
+            "--unseen-clients: unseen clients are evaluated unsharded; drop "
+            f"--devices {cfg.devices}"
+        )
+    if not held and getattr(cfg, "unseen_steps", 5) != getattr(type(cfg)(), "unseen_steps", 5):
+        raise UsageError("--unseen-steps sets the adaptation of --unseen-clients: give both")
 
 
 def check_run(cfg: Any, max_virtual_devices: int | None = None) -> str:
@@ -415,6 +442,12 @@ def check_sweep(cfg: Any) -> str:
             raise UsageError(
                 f"{flag(name)}: a sweep runs on an in-memory --dataset; stream a population "
                 "with `fedjax-sim run`"
+            )
+    for name in ("personal_eval", "unseen_clients"):
+        if getattr(cfg, name) != getattr(default, name):
+            raise UsageError(
+                f"{flag(name)}: a sweep evaluates its runs' global models; evaluate personal "
+                "models and unseen clients with `fedjax-sim run`"
             )
     out = check_run(cfg)
     last = cfg.seed + cfg.seeds - 1

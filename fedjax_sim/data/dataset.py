@@ -26,11 +26,13 @@ Backend = Literal["numpy", "jax"]
 
 
 class Dataset(NamedTuple):
-    """A federated training set (with per-client test splits) and a central test set."""
+    """A federated training set (with per-client test splits), a central test set and, when
+    some clients are held out (`data.unseen.held_out`), the unseen clients."""
 
     train: FederatedData
     test: ArrayData
     name: str
+    unseen: FederatedData | None = None
 
     @property
     def num_classes(self) -> int:

@@ -11,16 +11,21 @@ per-client test slot (`x_test`, `y_test`, `test_counts`; test client i is *not* 
 i's held-out data) and whose central `test` set is the union of all test clients, so its
 accuracy is the paper's pooled metric `sum_i (N_i / N) acc_i` (see
 `fedjax_sim.run.convergence.pooled_accuracy`).
+
+`held_out` splits a federated dataset's clients into trained ones and unseen ones for the
+evaluation of personalization (issue 37, `simulate(unseen=...)`): an unseen client adapts on
+its training rows (k local steps from the global model) and is evaluated on its test split.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax
 import numpy as np
 
 from fedjax_sim.data.builtin import Dataset
-from fedjax_sim.data.federated import ArrayData, pack, with_client_test
+from fedjax_sim.data.federated import ArrayData, FederatedData, pack, with_client_test
 from fedjax_sim.data.partition import partition
 
 
@@ -83,3 +88,18 @@ def federate_unseen(
         test=ArrayData(x=x_test[kept], y=y_test[kept]),
         name=name,
     )
+
+
+def held_out(data: FederatedData, num: int, seed: int = 0) -> tuple[FederatedData, FederatedData]:
+    """`(trained, unseen)`: `num` of the clients drawn at random (`seed`) held out as unseen
+    clients, the others (in their order) to train on; both keep every per-client split."""
+    c = data.num_clients
+    if isinstance(num, bool) or not isinstance(num, (int, np.integer)) or not 1 <= num < c:
+        raise ValueError(f"unseen clients must be an int in [1, {c - 1}], got {num!r}")
+    chosen = np.zeros(c, bool)
+    chosen[np.random.default_rng(seed + 7919).permutation(c)[:num]] = True
+
+    def rows(ids: np.ndarray) -> FederatedData:
+        return jax.tree.map(lambda a: a[ids], data)
+
+    return rows(np.flatnonzero(~chosen)), rows(np.flatnonzero(chosen))

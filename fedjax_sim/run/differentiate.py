@@ -48,7 +48,8 @@ from jax.flatten_util import ravel_pytree
 from fedjax_sim.algorithms.core import Algorithm, float_dtype
 from fedjax_sim.data.federated import ArrayData, FederatedData
 from fedjax_sim.models.base import Model
-from fedjax_sim.run.simulate import INIT_PURPOSE, client_stats, evaluate_central
+from fedjax_sim.run.evaluation import client_stats, evaluate_central
+from fedjax_sim.run.simulate import INIT_PURPOSE
 
 HParams = Any  # a pytree of real scalars / arrays
 MakeAlgorithm = Callable[[HParams], Algorithm]

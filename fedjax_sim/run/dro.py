@@ -26,8 +26,8 @@ from fedjax_sim.algorithms.fgdro import kl_objective, topk_mean
 from fedjax_sim.core.checks import positive
 from fedjax_sim.data.federated import ArrayData, Batch, FederatedData
 from fedjax_sim.models.base import Model
+from fedjax_sim.run.evaluation import client_stats
 from fedjax_sim.run.history import History
-from fedjax_sim.run.simulate import client_stats
 from fedjax_sim.runtime.parallel import ClientMap
 
 GROUPINGS = ("train", "test", "classes")

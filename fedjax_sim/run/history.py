@@ -98,13 +98,16 @@ class Series:
 
 @dataclasses.dataclass
 class History:
-    """Stacked per-round metrics (`metrics[name][r]` for round `rounds[r]`) and evaluation
-    rows (`evals`, each with its `round`; round 0 is the initial model)."""
+    """Stacked per-round metrics (`metrics[name][r]` for round `rounds[r]`), evaluation
+    rows (`evals`, each with its `round`; round 0 is the initial model) and per-client
+    evaluation rows (`client_evals`: a `round` and `[C]` arrays, e.g. each client's
+    `personal_accuracy`; saved in `history.json`, not in the CSV)."""
 
     rounds: list[int] = dataclasses.field(default_factory=list)
     metrics: dict[str, Series] = dataclasses.field(default_factory=dict)
     evals: list[dict[str, float]] = dataclasses.field(default_factory=list)
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    client_evals: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     # ------------------------------------------------------------------ building
     def append_rounds(self, first_round: int, metrics: dict[str, np.ndarray]) -> None:
@@ -122,9 +125,17 @@ class History:
                 values.pop()
         while self.evals and self.evals[-1]["round"] > last_round:
             self.evals.pop()
+        while self.client_evals and self.client_evals[-1]["round"] > last_round:
+            self.client_evals.pop()
 
-    def append_eval(self, round_: int, values: dict[str, float]) -> None:
-        self.evals.append({"round": int(round_), **{k: float(v) for k, v in values.items()}})
+    def append_eval(self, round_: int, values: dict[str, Any]) -> None:
+        """An evaluation: scalars into `evals`, arrays (per-client values) into
+        `client_evals`."""
+        arrays = {k: np.asarray(v) for k, v in values.items() if np.ndim(v) > 0}
+        scalars = {k: float(v) for k, v in values.items() if k not in arrays}
+        self.evals.append({"round": int(round_), **scalars})
+        if arrays:
+            self.client_evals.append({"round": int(round_), **arrays})
 
     # ------------------------------------------------------------------ access
     @property
@@ -137,6 +148,13 @@ class History:
 
     def metric(self, name: str) -> np.ndarray:
         return np.asarray(self.metrics[name])
+
+    def client_series(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """`(rounds [E], values [E, C])` of a per-client evaluated value (NaN: a client
+        without test examples)."""
+        rows = [e for e in self.client_evals if name in e]
+        values = np.array([np.asarray(e[name], dtype=float) for e in rows]).reshape(len(rows), -1)
+        return np.array([e["round"] for e in rows], dtype=int), values
 
     def eval_series(self, name: str, x: str = "round") -> tuple[np.ndarray, np.ndarray]:
         """`(x [n], values [n])` of an evaluated metric; `x="round"`, or `"virtual_hours"`:
@@ -168,6 +186,7 @@ class History:
                 "metrics": self.metrics,
                 "dtypes": dtypes,
                 "eval": self.evals,
+                **({"client_eval": self.client_evals} if self.client_evals else {}),
             }
         )
 
@@ -179,6 +198,10 @@ class History:
             metrics={k: _series(v, dtypes.get(k)) for k, v in d.get("metrics", {}).items()},
             evals=[dict(e) for e in d.get("eval", [])],
             meta=dict(d.get("meta", {})),
+            client_evals=[
+                {k: v if k == "round" else np.asarray(v, dtype=float) for k, v in e.items()}
+                for e in d.get("client_eval", [])
+            ],
         )
 
     @classmethod
@@ -221,7 +244,9 @@ class History:
         return buf.getvalue()
 
     def plot(self, path: str) -> None:
-        """Training loss per round and test accuracy (central, client mean/worst) per eval."""
+        """Training loss per round and test accuracy per evaluation: central, client mean /
+        worst / 10th percentile of the global model and, when evaluated, of the personal
+        models and of the adapted unseen clients."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -235,16 +260,20 @@ class History:
             axes[0].plot(r, v, "o-", ms=3, label="central test loss")
         axes[0].set(xlabel="round", ylabel="loss", yscale="log", title="Loss")
         axes[0].legend()
-        labels = {
-            "test_accuracy": "central test",
-            "client_accuracy_mean": "client mean",
-            "client_accuracy_worst": "worst client",
-            "client_accuracy_p10": "client 10th pct.",
+        labels = {  # global model (solid), personal models (dashed), unseen clients (dotted)
+            "test_accuracy": ("central test", "o-"),
+            "client_accuracy_mean": ("client mean", "o-"),
+            "client_accuracy_worst": ("worst client", "o-"),
+            "client_accuracy_p10": ("client 10th pct.", "o-"),
+            "personal_accuracy_mean": ("personal mean", "s--"),
+            "personal_accuracy_p10": ("personal 10th pct.", "s--"),
+            "personal_accuracy_worst": ("personal worst", "s--"),
+            "unseen_accuracy_mean": ("unseen mean (adapted)", "^:"),
         }
-        for name, label in labels.items():
+        for name, (label, style) in labels.items():
             r, v = self.eval_series(name)
             if len(r):
-                axes[1].plot(r, v, "o-", ms=3, label=label)
+                axes[1].plot(r, v, style, ms=3, label=label)
         axes[1].set(xlabel="round", ylabel="accuracy", title="Accuracy", ylim=(0, 1))
         if axes[1].lines:  # none without a test set (a streamed client store)
             axes[1].legend()

@@ -20,86 +20,22 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh
 
-from fedjax_sim.algorithms.core import Algorithm, tree_all_finite
-from fedjax_sim.data.federated import ArrayData, Batch, FederatedData
+from fedjax_sim.algorithms.core import Algorithm, Personalize, tree_all_finite
+from fedjax_sim.data.federated import ArrayData, FederatedData
 from fedjax_sim.models.base import Model
+from fedjax_sim.run.evaluation import (  # noqa: F401 (client_stats: re-exported)
+    client_stats,
+    evaluate_central,
+    evaluate_clients,
+    evaluate_personal,
+    evaluate_unseen,
+)
 from fedjax_sim.run.history import History
 from fedjax_sim.run.loop import RunOptions, chunk_length, run_loop, run_options
 from fedjax_sim.runtime import distributed
 from fedjax_sim.runtime.parallel import ClientMap, recorded_modes
 
 INIT_PURPOSE = 7  # key purpose of the initial model
-
-
-# ------------------------------------------------------------------------------ evaluation
-def evaluate_central(model: Model, params: Any, test: ArrayData, batch_size: int = 1024):
-    """Loss and accuracy of `params` on a central dataset, in batches of `batch_size`."""
-    n = test.x.shape[0]
-    bs = max(1, min(batch_size, n))
-    nb = -(-n // bs)
-    pad = nb * bs - n
-
-    def padded(a):
-        a = jnp.asarray(a)
-        return jnp.concatenate([a, jnp.zeros((pad, *a.shape[1:]), a.dtype)]).reshape(
-            nb, bs, *a.shape[1:]
-        )
-
-    mask = padded(jnp.ones((n,), jnp.float32))
-    stats = lax.map(
-        lambda b: model.evaluate(params, Batch(*b)), (padded(test.x), padded(test.y), mask)
-    )
-    stats = jax.tree.map(jnp.sum, stats)
-    count = jnp.maximum(stats["count"], 1.0)
-    return {"test_loss": stats["loss"] / count, "test_accuracy": stats["correct"] / count}
-
-
-def client_stats(
-    model: Model,
-    params: Any,
-    x: jax.Array,
-    y: jax.Array,
-    counts: jax.Array,
-    client_map: ClientMap = ClientMap(),
-) -> dict[str, jax.Array]:
-    """`[C]` sums over each client's valid rows of the global model's `loss`, `correct` and
-    `count` (`Model.evaluate` per client)."""
-    n_max = x.shape[1]
-
-    def one(xc, yc, n):
-        mask = (jnp.arange(n_max) < n).astype(jnp.float32)
-        return model.evaluate(params, Batch(xc, yc, mask))
-
-    return client_map.map(one, x, y, counts)
-
-
-def evaluate_clients(
-    model: Model,
-    params: Any,
-    x: jax.Array,
-    y: jax.Array,
-    counts: jax.Array,
-    client_map: ClientMap = ClientMap(),
-    prefix: str = "client",
-) -> dict[str, jax.Array]:
-    """Per-client loss/accuracy of the global model; summaries over clients with data:
-    mean, worst (min accuracy / max loss), 10th percentile of accuracy, and the pooled
-    (example-weighted) loss."""
-    stats = client_stats(model, params, x, y, counts, client_map)
-    has = counts > 0
-    cnt = jnp.maximum(stats["count"], 1.0)
-    acc, loss = stats["correct"] / cnt, stats["loss"] / cnt
-    n_has = jnp.maximum(jnp.sum(has), 1)
-    acc_sorted = jnp.sort(jnp.where(has, acc, jnp.inf))
-    p10 = acc_sorted[jnp.floor(0.1 * (n_has - 1)).astype(jnp.int32)]
-    return {
-        f"{prefix}_accuracy_mean": jnp.sum(jnp.where(has, acc, 0)) / n_has,
-        f"{prefix}_accuracy_worst": jnp.min(jnp.where(has, acc, jnp.inf)),
-        f"{prefix}_accuracy_p10": p10,
-        f"{prefix}_loss_mean": jnp.sum(jnp.where(has, loss, 0)) / n_has,
-        f"{prefix}_loss_worst": jnp.max(jnp.where(has, loss, -jnp.inf)),
-        f"{prefix}_loss_pooled": jnp.sum(stats["loss"]) / jnp.maximum(jnp.sum(stats["count"]), 1),
-    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +50,15 @@ class EvalSpec:
       batch_size: central-evaluation batch size.
       extra: optional jittable `extra(params, data, test) -> {name: scalar}` merged into
         every evaluation row (e.g. `fedjax_sim.run.dro.dro_evaluator(...)`: worst-group metrics).
+      personal: evaluate each client's own model (`Algorithm.personalize`; the global model
+        for an algorithm without one) on its test split: `personal_accuracy_mean`, `_worst`,
+        `_p10`, `personal_loss_mean`, `_worst`, `_pooled`, and per client (in
+        `History.client_evals`) `personal_accuracy`, `personal_loss` and the global model's
+        `client_accuracy`, `client_loss` (`simulate` only; needs per-client test splits).
+      unseen_steps, unseen_lr, unseen_batch_size: the adaptation of unseen clients
+        (`simulate(unseen=...)`): local SGD steps of size `unseen_lr` on minibatches of
+        `unseen_batch_size` from the global model before their test split is evaluated
+        (`unseen_*` metrics; 0 steps: the global model).
     """
 
     every: int = 10
@@ -122,6 +67,21 @@ class EvalSpec:
     train: bool = False
     batch_size: int = 1024
     extra: Callable[[Any, FederatedData, ArrayData | None], dict[str, jax.Array]] | None = None
+    personal: bool = False
+    unseen_steps: int = 5
+    unseen_lr: float = 0.1
+    unseen_batch_size: int = 32
+
+    def __post_init__(self):
+        steps = self.unseen_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"EvalSpec unseen_steps must be an int >= 0, got {steps!r}")
+        if not self.unseen_lr > 0:
+            raise ValueError(f"EvalSpec unseen_lr must be > 0, got {self.unseen_lr!r}")
+        if self.unseen_batch_size < 1:
+            raise ValueError(
+                f"EvalSpec unseen_batch_size must be >= 1, got {self.unseen_batch_size!r}"
+            )
 
 
 # ------------------------------------------------------------------------------ runner
@@ -139,6 +99,7 @@ def simulate(
     client_map: ClientMap = ClientMap(),
     mesh: Mesh | None = None,
     return_state: bool = False,
+    unseen: FederatedData | None = None,
     **options: Unpack[RunOptions],
 ) -> History | tuple[History, Any]:
     """Runs `num_rounds` steps of `algorithm` and returns the `History` (with `return_state`,
@@ -163,6 +124,9 @@ def simulate(
         `data` (see `fedjax_sim.runtime.distributed`); only process 0 writes outputs.
       return_state: also return the final algorithm state (e.g. to continue it, or to read
         per-client rows); a run resumed at or past `num_rounds` returns the restored one.
+      unseen: clients never trained on (e.g. `data.unseen.held_out`): at every evaluation
+        each adapts from the global model on its training rows (`EvalSpec.unseen_steps`)
+        and is evaluated on its test split (`unseen_*` metrics).
       **options: `RunOptions` (`out_dir`, `checkpoint_dir`, `checkpoint_every`, `resume`,
         `progress`, `on_resume`, `privacy`), the same in every driver.
 
@@ -172,6 +136,15 @@ def simulate(
       CheckpointError: the checkpoint to resume from is unusable.
     """
     options = run_options("simulate", options, num_rounds, evaluation.every)
+    if evaluation.personal and not data.has_client_test:
+        raise ValueError(
+            "EvalSpec(personal=True) evaluates each client's model on its test split: "
+            "the data has no per-client test splits"
+        )
+    if unseen is not None and not unseen.has_client_test:
+        raise ValueError("unseen clients need test splits (their training rows adapt the model)")
+    if unseen is not None and mesh is not None:
+        raise ValueError("unseen clients are evaluated without a mesh: run them unsharded")
     if params is None:
         params = model.init(jax.random.fold_in(key, INIT_PURPOSE))
     state = algorithm.init(params, key)
@@ -194,6 +167,12 @@ def simulate(
         data,
         test,
         key,
+        _compiled_state_evaluator(
+            model, evaluation, algorithm.personalize, client_map, unseen is not None
+        )
+        if evaluation.personal or unseen is not None
+        else None,
+        unseen,
     )
     (history,), state = run_loop(
         source,
@@ -216,14 +195,19 @@ class _Chunks:
     data: FederatedData
     test: ArrayData | None
     key: jax.Array
+    state_evaluator: Callable[..., Any] | None = None  # personal models, unseen clients
+    unseen: FederatedData | None = None
 
     def run(self, state: Any, start: int, stop: int) -> tuple[Any, list[dict[str, np.ndarray]]]:
         state, metrics = self.run_chunk(state, self.data, self.key, stop - start)
         return state, [jax.tree.map(lambda m: m[: stop - start], distributed.fetch(metrics))]
 
-    def evaluate(self, state: Any) -> list[dict[str, float]]:
-        results = distributed.fetch(self.evaluator(state.params, self.data, self.test))
-        return [{k: float(v) for k, v in results.items()}]
+    def evaluate(self, state: Any) -> list[dict[str, Any]]:
+        results = self.evaluator(state.params, self.data, self.test)
+        if self.state_evaluator is not None:
+            results |= self.state_evaluator(state, self.data, self.key, self.unseen)
+        results = distributed.fetch(results)  # scalars, and [C] per-client distributions
+        return [{k: float(v) if np.ndim(v) == 0 else np.asarray(v) for k, v in results.items()}]
 
     def saved(self, state: Any) -> Any:
         return state
@@ -264,10 +248,16 @@ def compiled_evaluator(model: Model, spec: EvalSpec, client_map: ClientMap, has_
         out = {}
         if spec.central and has_test:
             out.update(evaluate_central(model, params, test, spec.batch_size))
-        if spec.clients and data.has_client_test:
+        if (spec.clients or spec.personal) and data.has_client_test:
             out.update(
                 evaluate_clients(
-                    model, params, data.x_test, data.y_test, data.test_counts, client_map
+                    model,
+                    params,
+                    data.x_test,
+                    data.y_test,
+                    data.test_counts,
+                    client_map,
+                    distribution=spec.personal,  # the global model beside the personal ones
                 )
             )
         if spec.train:
@@ -278,6 +268,39 @@ def compiled_evaluator(model: Model, spec: EvalSpec, client_map: ClientMap, has_
             out["train_accuracy_worst"] = stats["train_accuracy_worst"]
         if spec.extra is not None:
             out.update(spec.extra(params, data, test))
+        return out
+
+    return jax.jit(evaluate)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_state_evaluator(
+    model: Model,
+    spec: EvalSpec,
+    personalize: Personalize | None,
+    client_map: ClientMap,
+    has_unseen: bool,
+):
+    """`jit(evaluate(state, data, key, unseen))`: the evaluations that need the state (each
+    client's own model) or other clients (unseen ones)."""
+
+    def evaluate(state, data: FederatedData, key, unseen: FederatedData | None):
+        out = {}
+        if spec.personal:
+            out.update(evaluate_personal(model, personalize, state, data, key, client_map))
+        if has_unseen:
+            out.update(
+                evaluate_unseen(
+                    model,
+                    state,
+                    unseen,
+                    key,
+                    steps=spec.unseen_steps,
+                    lr=spec.unseen_lr,
+                    batch_size=spec.unseen_batch_size,
+                    client_map=client_map,
+                )
+            )
         return out
 
     return jax.jit(evaluate)

@@ -438,6 +438,11 @@ def simulate_streamed(
         )
     if evaluation.train or evaluation.extra is not None:
         raise ValueError("a streamed run evaluates on the central test set only (no train/extra)")
+    if evaluation.personal:
+        raise ValueError(
+            "a streamed run evaluates on the central test set only: personal models are "
+            "evaluated on per-client test splits by simulate"
+        )
     if prefetch < 1:
         raise ValueError(f"prefetch must be >= 1, got {prefetch}")
     num_clients, num_classes, host_counts = _source_info(source)

@@ -533,6 +533,11 @@ def sweep(
     running and has `meta["nonfinite_round"]` set, the other runs are unaffected).
     """
     options = run_options("sweep", options, num_rounds, evaluation.every)
+    if evaluation.personal:
+        raise ValueError(
+            "a sweep evaluates its runs' global models: personal models are evaluated by "
+            "simulate (one run)"
+        )
     if runs_per_group is not None and runs_per_group < 1:
         raise ValueError(f"runs_per_group must be >= 1, got {runs_per_group}")
     runs = expand_grid(seeds, dict(grid or {}))
