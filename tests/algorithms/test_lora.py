@@ -294,3 +294,23 @@ def test_truncate_masks_the_rank_axis():
     np.testing.assert_array_equal(t["m"]["kernel"], tree["m"]["kernel"])
     with pytest.raises(ValueError, match="ranks"):
         hetlora([0, 2])
+
+
+@pytest.mark.parametrize("rule", ["hetlora", "flora"])
+def test_heterogeneous_ranks_on_the_transformer(setup, rule):
+    """Both rules on every adapted module of the transformer: FLoRA moves exactly the
+    adapted kernels (B reset), HetLoRA only the adapters."""
+    data, model, params = setup
+    ranks = np.array([1, 2, 1, 2])
+    hook = hetlora(ranks, prune_lam=0.1) if rule == "hetlora" else flora(ranks, 1.0)
+    state, metrics = run(het_alg(model, hook), params, data, rounds=1)
+    new_ad, new_base = split_adapters(state.params)
+    old_ad, old_base = split_adapters(params)
+    moved = {k for k, v in old_base.items() if np.any(np.asarray(new_base[k]) != v)}
+    if rule == "flora":
+        adapted = {k.replace("lora_a", "kernel") for k in old_ad if "lora_a" in k}
+        assert moved == adapted and len(adapted) == 6
+        assert all(not np.any(new_ad[k]) for k in new_ad if "lora_b" in k)
+    else:
+        assert not moved
+        assert float(metrics["hetlora_rank"]) == 1.5
