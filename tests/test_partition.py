@@ -218,3 +218,25 @@ def test_bad_partitions_are_refused_before_any_work():
             cohort=CohortSpec(size=M, sampling="proportional"),
             partition=Partition(LABELS),
         ).init(params, jax.random.key(0))
+
+
+def test_a_hook_finalize_may_move_frozen_leaves(problem):
+    """`RoundSummary.model` holds the frozen leaves; a `finalize` returning them moves them
+    (FLoRA's merge into the base); the clients still never train them."""
+    from fedjax_sim.algorithms.compose import ClientWork, compose
+    from fedjax_sim.algorithms.local_hook import LocalHook, chain
+
+    def finalize(server, summary, server_step):
+        new = server_step(summary.update)
+        return server, {**new, "base": summary.model["base"] + 1.0}, {}
+
+    work = ClientWork(
+        loss,
+        local=LocalSpec(steps=1, sampling="full"),
+        hook=chain(LocalHook("mover", finalize=finalize)),
+        partition=Partition({"body": "shared", "head": "shared", "base": "frozen"}),
+    )
+    alg = compose(work, cohort=CohortSpec(size=M))
+    state = alg.init(split(W0), jax.random.key(0))
+    state, _ = alg.step(state, problem.data, jax.random.key(1))
+    np.testing.assert_allclose(state.params["base"], W0[BLOCKS["base"]] + 1.0, rtol=1e-6)

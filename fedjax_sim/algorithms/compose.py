@@ -339,6 +339,7 @@ def compose(
                 rows=None if streamed or h.name not in rows else rows[h.name].value,
                 local_steps=max_steps,
                 lr=lr,
+                model=x,
             )
             servers[h.name], new_params, hook_metrics[h.name] = h.finalize(
                 servers[h.name], summary, lambda u: finalize(k + 1, u)

@@ -79,6 +79,8 @@ class RoundSummary(NamedTuple):
     rows: Any
     local_steps: int  # static length of the local scan (K)
     lr: Any  # client learning rate of the round (None for an optax client optimizer)
+    model: Params = None  # x_t whole, frozen leaves included (a partition's views leave
+    #                       them out); a `finalize` may return frozen leaves to move them
 
     @property
     def contributed(self) -> jax.Array:

@@ -17,7 +17,10 @@ with shared adapters are partitions. A round with a partition (`ClientWork(parti
     x_{t+1} = merge(server step on shared(x_t), personal(x_t), frozen(x_t))
 
 The server's personal leaves stay the initial ones (the template new clients start from: no
-client's personal values ever reach the server state); frozen leaves never change. Views are
+client's personal values ever reach the server state); frozen leaves never change on the clients,
+and on the server only where a hook's `finalize` returns them (it sees them in
+`RoundSummary.model`: FLoRA merges the aggregated adapters into the frozen base,
+`algorithms.lora.flora`). Views are
 trees of the params' structure holding `optax.MaskedNode()` at the leaves they leave out, so
 every tree operation, aggregator and optax transformation applies to them unchanged and their
 bytes count only the leaves they hold.

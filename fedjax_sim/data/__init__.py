@@ -58,6 +58,7 @@ from fedjax_sim.data.synthetic import (
     QuadraticProblem,
     fedprox_synthetic,
     least_squares,
+    markov_tokens,
     toy_quadratic,
 )
 from fedjax_sim.data.tfds_source import DataNotPrepared, load_tfds
@@ -96,6 +97,7 @@ __all__ = [
     "iid",
     "is_registered",
     "least_squares",
+    "markov_tokens",
     "load",
     "load_digits",
     "load_fashion_mnist",

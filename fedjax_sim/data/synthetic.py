@@ -1,4 +1,5 @@
-"""Synthetic federated problems: the FedProx recipe and least squares with a closed form."""
+"""Synthetic federated problems: the FedProx recipe, least squares with a closed form and a
+next-token task (per-client Markov chains)."""
 
 from __future__ import annotations
 
@@ -183,6 +184,60 @@ def toy_quadratic(num_clients: int = 50, *, scale: float = 1.0) -> QuadraticProb
     data = pack(a[:, None].astype(np.float32), np.ones(num_clients, np.float32), ids, num_clients)
     a32 = np.asarray(data.x, np.float64)[:, 0, 0]  # the values actually used
     return QuadraticProblem(data=data, hessians=(a32**2)[:, None, None], linear=a32[:, None])
+
+
+# ------------------------------------------------------------------------------ next-token task
+def markov_tokens(
+    *,
+    num_clients: int = 8,
+    examples_per_client: int = 16,
+    vocab_size: int = 16,
+    seq_len: int = 8,
+    heterogeneity: float = 0.5,
+    min_len: int | None = None,
+    test_fraction: float = 0.25,
+    seed: int = 0,
+) -> tuple[FederatedData, ArrayData]:
+    """A federated next-token task: client k's sequences follow a Markov chain over tokens
+    `1..vocab_size-1` with transitions `(1 - h) P + h P_k` (`h = heterogeneity`; rows of P and
+    P_k ~ Dirichlet(0.3), so the chains are peaked and learnable); token 0 is padding.
+
+    Each example is a window of `seq_len + 1` tokens, `x` its first `seq_len`, `y` the last
+    (the layout of Shakespeare's windows, for `loss_kind="next_token"` models). With `min_len`
+    (2 <= min_len <= seq_len + 1) a sequence has a length uniform in `[min_len, seq_len + 1]`
+    and is right-padded with 0 (use the model's `pad_id=0`). Each client's examples are split
+    in order, the last `test_fraction` as its test split. Returns `(train with per-client test
+    split, pooled test set)`."""
+    if vocab_size < 3 or seq_len < 1 or num_clients < 1 or examples_per_client < 2:
+        raise ValueError("need vocab_size >= 3, seq_len >= 1, num_clients >= 1, examples >= 2")
+    if not 0.0 <= heterogeneity <= 1.0:
+        raise ValueError(f"heterogeneity must be in [0, 1], got {heterogeneity}")
+    if min_len is not None and not 2 <= min_len <= seq_len + 1:
+        raise ValueError(f"min_len must be in [2, {seq_len + 1}], got {min_len}")
+    rng = np.random.default_rng(seed)
+    v = vocab_size - 1  # real tokens 1..v
+    shared = rng.dirichlet(np.full(v, 0.3), size=v)
+    own = rng.dirichlet(np.full(v, 0.3), size=(num_clients, v))
+    trans = (1 - heterogeneity) * shared[None] + heterogeneity * own  # [C, v, v]
+    cum = np.cumsum(trans, -1)
+    n, length = examples_per_client, seq_len + 1
+    seq = np.empty((num_clients, n, length), np.int64)
+    seq[..., 0] = rng.integers(0, v, (num_clients, n))
+    for t in range(1, length):  # inverse-CDF draw of every chain's next state at once
+        rows = cum[np.arange(num_clients)[:, None], seq[..., t - 1]]  # [C, n, v]
+        u = rng.uniform(size=(num_clients, n, 1))
+        seq[..., t] = np.minimum((rows < u).sum(-1), v - 1)
+    tokens = (seq + 1).astype(np.int32)
+    if min_len is not None:
+        lengths = rng.integers(min_len, length + 1, (num_clients, n))
+        tokens = np.where(np.arange(length) < lengths[..., None], tokens, 0).astype(np.int32)
+    x, y = tokens[..., :seq_len].reshape(-1, seq_len), tokens[..., seq_len].reshape(-1)
+    owner = np.repeat(np.arange(num_clients), n)
+    is_train = np.tile(np.arange(n) < n - max(1, int(round(n * test_fraction))), num_clients)
+    pk = dict(num_classes=vocab_size)
+    train = pack(x[is_train], y[is_train], owner[is_train], num_clients, **pk)
+    test = pack(x[~is_train], y[~is_train], owner[~is_train], num_clients, **pk)
+    return with_client_test(train, test), ArrayData(x=x[~is_train], y=y[~is_train])
 
 
 # ------------------------------------------------------------------------------ group DRO (issue 7)

@@ -63,4 +63,4 @@ def test_model_validation():
     with pytest.raises(ValueError):
         Model(init=lambda k: {}, apply=lambda p, x: x, loss_kind="hinge")
     with pytest.raises(ValueError):
-        build("transformer", (3,), 2)
+        build("perceiver", (3,), 2)  # not registered
