@@ -232,6 +232,44 @@ def test_round_time_uses_the_bytes_the_round_sends(x64):
         assert m["round_time"] == pytest.approx(t.max(), rel=1e-12)
 
 
+def test_secure_aggregation_round_trips_on_the_clock():
+    """With secure aggregation, a client's time is its transfers (the protocol's payload in
+    bytes_up) + its steps + 3 extra round trips x round_trip_latency: closed form."""
+    from fedjax_sim.algorithms.secure_aggregation import ROUND_TRIPS, payload_bytes
+    from fedjax_sim.algorithms.secure_aggregation import secure_aggregation as secagg
+
+    data = problem().data
+    m, bits, latency = 5, 16, 0.25
+    tab = table(np.random.default_rng(13), 7, **ALWAYS)
+    cohort = CohortSpec(size=m, weighting="uniform")
+
+    def alg(aggregator, latency):
+        model = DeviceModel(TraceProfiles(tab), round_trip_latency=latency)
+        return fedavg(
+            linear_regression(DIM).loss,
+            cohort=cohort,
+            local=LocalSpec(steps=3),
+            aggregator=aggregator,
+            device_model=model,
+            report_cohort=True,
+        )
+
+    agg = secagg(neighbours=m - 1, bits=bits, clip=10.0)
+    assert agg.round_trips == ROUND_TRIPS == 4
+    _, metrics = run(alg(agg, latency), data, rounds=2)
+    _, without = run(alg(agg, 0.0), data, rounds=2)
+    for mt, m0 in zip(metrics, without, strict=True):
+        up = payload_bytes(DIM, bits, m - 1)
+        assert mt["bytes_up"] == mt["participants"] * up
+        t = np_times(tab, mt["cohort_ids"], mt["cohort_steps"], 4 * DIM, up)
+        assert mt["round_time"] == pytest.approx(t.max() + 3 * latency, rel=1e-6)
+        assert mt["round_time"] - m0["round_time"] == pytest.approx(3 * latency, rel=1e-5)
+    # the plain upload is one round trip: the latency parameter does not change its clock
+    _, plain = run(alg(None, latency), data, rounds=1)
+    _, plain0 = run(alg(None, 0.0), data, rounds=1)
+    assert plain[0]["round_time"] == plain0[0]["round_time"]
+
+
 def test_over_selection_in_a_round_and_history_column():
     data, model = problem().data, linear_regression(DIM)
     tab = table(np.random.default_rng(12), 12, **ALWAYS)
@@ -384,6 +422,8 @@ def test_malformed_traces_are_refused_naming_line_and_column(tmp_path, text, mat
         dict(over_selection=float("inf")),
         dict(idle=0.0),
         dict(late="wait"),
+        dict(round_trip_latency=-0.1),
+        dict(round_trip_latency=float("inf")),
     ],
 )
 def test_bad_hyper_parameters_raise_before_compilation(kwargs):
