@@ -25,6 +25,7 @@ from fedjax_sim.app.config import (
     build_run,
     build_streamed_run,
     check_stream,
+    device_summary,
     explicit_fields,
     parse_hparams,
     privacy_accounting,
@@ -103,6 +104,9 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
             simulate, algorithm, dataset.train, client_map=client_map, mesh=mesh
         )
         evaluation = EvalSpec(every=cfg.eval_every)
+    device = device_summary(cfg)
+    if device:
+        setting += f", {device}"
     main_process = jax.process_index() == 0
     if main_process:
         print(
@@ -164,6 +168,9 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
             f"; epsilon {final['epsilon']:.4g} at delta {cfg.dp_delta:g} (noise multiplier "
             f"{privacy.noise_multiplier:.4g})"
         )
+    if "virtual_time" in history.metrics and len(history.metrics["virtual_time"]):
+        hours = float(history.metric("virtual_time")[-1]) / 3600.0
+        line += f"; {hours:.4g} virtual hours"
     mode = history.meta.get("client_map")
     print(
         f"{line} after {history.num_rounds} rounds in {history.meta['seconds']:.1f} s"
