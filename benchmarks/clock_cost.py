@@ -8,7 +8,9 @@ without a device model, and the clock's memory at 10^9 procedural clients.
   `--device-model <profile>`, both as the run loop compiles them (one `lax.scan` of
   `--rounds` rounds that stacks every round's metrics). Both programs are compiled first,
   then timed alternately in one process (A B, B A, A B, ...: neither always runs first);
-  the ratio is clock / no clock per pair, and its median is compared with the 10 % target.
+  the ratio is clock / no clock per pair, and its median is compared with the 10 % target;
+  XLA's cost analysis of the two compiled programs (flops, bytes accessed; each loop body
+  counted once) gives the same comparison without the machine's noise.
   `always_on` (every client online, no dropout) trains exactly the clients the run without
   a clock trains, so its ratio is the clock's own cost; `phones` (availability windows,
   dropout) and `bundled` (the 64-device trace) add the profile lookups of a realistic run
@@ -59,6 +61,13 @@ def _job(device_model: str | None, rounds: int):
     return run, state, data, key
 
 
+def xla_cost(run) -> dict:
+    """XLA's cost analysis of a compiled chunk (flops, bytes accessed): noise-free."""
+    cost = run.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return {k: float(cost.get(k, 0.0)) for k in ("flops", "bytes accessed")}
+
+
 def time_pairs(profile: str, pairs: int, rounds: int) -> dict:
     import jax
 
@@ -73,7 +82,10 @@ def time_pairs(profile: str, pairs: int, rounds: int) -> dict:
             seconds[name].append((time.perf_counter() - t0) / rounds)
     ratios = [c / p for c, p in zip(seconds["clock"], seconds["plain"], strict=True)]
     median = statistics.median(ratios)
+    plain, clock = xla_cost(jobs["plain"][0]), xla_cost(jobs["clock"][0])
     return dict(
+        xla_flops_ratio=clock["flops"] / plain["flops"],
+        xla_bytes_ratio=clock["bytes accessed"] / plain["bytes accessed"],
         profile=profile,
         rounds_per_measurement=rounds,
         s_per_round_plain=seconds["plain"],
