@@ -39,6 +39,7 @@ def test_the_notebooks_exist():
         "05_privacy_robustness",
         "06_sweeps",
         "07_hypergradients",
+        "09_system_heterogeneity",
     }
     assert expected <= set(NOTEBOOKS)
 
