@@ -132,3 +132,15 @@ def test_cli_run_summary_virtual_hours_and_plot(tmp_path, capsys):
     assert "virtual hours" not in capsys.readouterr().out
     assert wide == pytest.approx(1.5 * _png_width(plain / "history.png"), abs=2)  # 3rd panel
     assert os.path.isfile(plain / "history.png") and math.isfinite(hours)
+
+
+def test_cli_streamed_population_with_over_selection(tmp_path, capsys):
+    """A streamed run plans the drawn cohort (ceil(f M)) and runs on the clock."""
+    out = tmp_path / "pop"
+    args = ["run", "--population", "uniform", "--num-clients", "1000", "--rounds", "2"]
+    args += ["--eval-every", "1", "--local-steps", "1", "--model", "logistic"]
+    args += ["--device-model", "always_on", "--over-selection", "1.5", "--no-progress"]
+    assert main([*args, "--out", str(out)]) == 0
+    history = json.loads((out / "history.json").read_text())
+    assert history["metrics"]["participants"] == [10, 10]
+    assert "virtual hours" in capsys.readouterr().out
