@@ -74,7 +74,8 @@ times = np.asarray(client_times(p, STEPS, model_bytes, model_bytes))
 online = np.asarray(p.session / p.period)
 print(f"model {model_bytes / 1e3:.0f} kB; round time per client: median {np.median(times):.1f} s, "
       f"90th pct. {np.percentile(times, 90):.1f} s, slowest {times.max():.1f} s")  # fmt: skip
-print(f"online {100 * online.mean():.0f} % of the day on average; dropout {float(p.dropout.mean()):.3f}")
+print(f"online {100 * online.mean():.0f} % of the day on average; "
+      f"dropout {float(p.dropout.mean()):.3f}")  # fmt: skip
 
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3))
 ax1.hist(times, bins=20)
