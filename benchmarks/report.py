@@ -371,6 +371,24 @@ def hypergradient_notes(rows: list[Row]) -> list[str]:
     return lines
 
 
+def clock_memory_notes(rows: list[Row]) -> list[str]:
+    """C = 10^9 against C = 10^3 at the same cohort: the compiled program's memory."""
+    small = next((r for r in rows if r["clients"] == 10**3), None)
+    big = next(
+        (r for r in rows if r["clients"] == 10**9 and small and r["cohort"] == small["cohort"]),
+        None,
+    )
+    if not (small and big):
+        return []
+    fields = ("xla_argument_bytes", "xla_output_bytes", "xla_temp_bytes")
+    same = all(small[f] == big[f] for f in fields)
+    return [
+        f"C = 1e9 vs C = 1e3 (cohort {small['cohort']:,}): XLA memory "
+        f"{'identical' if same else '**differs**'}; peak RSS ratio "
+        f"{big['peak_rss_bytes'] / small['peak_rss_bytes']:.3f}"
+    ]
+
+
 TABLES: dict[str, Table] = {
     "round_throughput": Table(BENCH, summary=round_throughput_summary),
     "baselines": Table(BENCH, summary=baselines_summary),
@@ -590,6 +608,31 @@ TABLES: dict[str, Table] = {
                 lambda r: {True: "yes", False: "no"}.get(r.get("same_compiled_program"), "–"),
             ),
         ]
+    ),
+    "clock_cost": Table(
+        [
+            ("device model", key("profile")),
+            ("clock / no clock per pair", lambda r: ", ".join(f"{x:.3f}" for x in r["ratios"])),
+            ("median ratio", lambda r: f"{r['ratio_median']:.3f}"),
+            ("within 10 %", lambda r: "yes" if r["within_10_percent"] else "**no**"),
+            ("XLA flops ratio", lambda r: f"{r['xla_flops_ratio']:.4f}"),
+            ("XLA bytes ratio", lambda r: f"{r['xla_bytes_ratio']:.4f}"),
+        ],
+        where=lambda r: r["label"].startswith("time "),
+    ),
+    "clock_memory": Table(
+        [
+            ("clients C", lambda r: f"{r['clients']:.0e}"),
+            ("cohort M", lambda r: f"{r['cohort']:.0e}"),
+            ("XLA arguments KiB", lambda r: num(r["xla_argument_bytes"] / 1024)),
+            ("XLA outputs KiB", lambda r: num(r["xla_output_bytes"] / 1024)),
+            ("XLA temporaries KiB", lambda r: num(r["xla_temp_bytes"] / 1024)),
+            ("peak RSS MiB (with the JAX runtime)", lambda r: num(r["peak_rss_bytes"] / 2**20)),
+            ("largest id drawn", lambda r: f"{r['largest_id_drawn']:,}"),
+        ],
+        suites=("clock_cost",),
+        where=lambda r: r["label"].startswith("memory "),
+        notes=clock_memory_notes,
     ),
     "traced_hparams_scan": Table(
         [

@@ -232,6 +232,44 @@ def test_round_time_uses_the_bytes_the_round_sends(x64):
         assert m["round_time"] == pytest.approx(t.max(), rel=1e-12)
 
 
+def test_secure_aggregation_round_trips_on_the_clock():
+    """With secure aggregation, a client's time is its transfers (the protocol's payload in
+    bytes_up) + its steps + 3 extra round trips x round_trip_latency: closed form."""
+    from fedjax_sim.algorithms.secure_aggregation import ROUND_TRIPS, payload_bytes
+    from fedjax_sim.algorithms.secure_aggregation import secure_aggregation as secagg
+
+    data = problem().data
+    m, bits, latency = 5, 16, 0.25
+    tab = table(np.random.default_rng(13), 7, **ALWAYS)
+    cohort = CohortSpec(size=m, weighting="uniform")
+
+    def alg(aggregator, latency):
+        model = DeviceModel(TraceProfiles(tab), round_trip_latency=latency)
+        return fedavg(
+            linear_regression(DIM).loss,
+            cohort=cohort,
+            local=LocalSpec(steps=3),
+            aggregator=aggregator,
+            device_model=model,
+            report_cohort=True,
+        )
+
+    agg = secagg(neighbours=m - 1, bits=bits, clip=10.0)
+    assert agg.round_trips == ROUND_TRIPS == 4
+    _, metrics = run(alg(agg, latency), data, rounds=2)
+    _, without = run(alg(agg, 0.0), data, rounds=2)
+    for mt, m0 in zip(metrics, without, strict=True):
+        up = payload_bytes(DIM, bits, m - 1)
+        assert mt["bytes_up"] == mt["participants"] * up
+        t = np_times(tab, mt["cohort_ids"], mt["cohort_steps"], 4 * DIM, up)
+        assert mt["round_time"] == pytest.approx(t.max() + 3 * latency, rel=1e-6)
+        assert mt["round_time"] - m0["round_time"] == pytest.approx(3 * latency, rel=1e-5)
+    # the plain upload is one round trip: the latency parameter does not change its clock
+    _, plain = run(alg(None, latency), data, rounds=1)
+    _, plain0 = run(alg(None, 0.0), data, rounds=1)
+    assert plain[0]["round_time"] == plain0[0]["round_time"]
+
+
 def test_over_selection_in_a_round_and_history_column():
     data, model = problem().data, linear_regression(DIM)
     tab = table(np.random.default_rng(12), 12, **ALWAYS)
@@ -384,6 +422,8 @@ def test_malformed_traces_are_refused_naming_line_and_column(tmp_path, text, mat
         dict(over_selection=float("inf")),
         dict(idle=0.0),
         dict(late="wait"),
+        dict(round_trip_latency=-0.1),
+        dict(round_trip_latency=float("inf")),
     ],
 )
 def test_bad_hyper_parameters_raise_before_compilation(kwargs):
@@ -409,3 +449,33 @@ def test_bad_compositions_and_distributions_raise():
         ProceduralProfiles(dropout=constant(1.0))
     with pytest.raises(ValueError, match="trace row 1, speed must be > 0"):
         TraceProfiles(Profile(*([np.array([1.0, -1.0])] + [np.ones(2)] * 6)))
+
+
+# ------------------------------------------------------------------------------ streamed runs
+def test_streamed_run_with_a_device_model_equals_on_device():
+    """`simulate_streamed` on the exact plan of the drawn cohort (ceil(f M) under
+    over-selection) equals `simulate` bit for bit, clock included."""
+    from fedjax_sim.data import load_digits
+    from fedjax_sim.data.store import ClientStore
+    from fedjax_sim.models import logistic_regression
+    from fedjax_sim.run.streaming import AlgorithmCohorts, simulate_streamed
+
+    digits = load_digits(num_clients=30)
+    model = logistic_regression(digits.feature_shape, 10)
+    device = DeviceModel(load_trace(bundled_trace()), deadline=8.0, over_selection=1.5)
+    alg = fedavg(
+        model.loss, local=LocalSpec(steps=3, batch_size=8), cohort=CohortSpec(size=6),
+        device_model=device,
+    )  # fmt: skip
+    store = ClientStore.from_federated(digits.train)
+    plan = AlgorithmCohorts(CohortSpec(size=device.selection_size(6)), store.counts)
+    key = jax.random.key(1)
+    every = EvalSpec(every=2, clients=False)
+    kw = dict(model=model, num_rounds=4, test=digits.test, evaluation=every, progress=False)
+    h1 = simulate(alg, digits.train, key, **kw)
+    h2 = simulate_streamed(alg, store, key, plan=plan, prefetch=1, **kw)
+    assert h1.rounds == h2.rounds and set(h1.metrics) == set(h2.metrics)
+    for k in h1.metrics:
+        np.testing.assert_array_equal(np.asarray(h1.metrics[k]), np.asarray(h2.metrics[k]), k)
+    assert h1.evals == h2.evals
+    assert np.all(np.diff(h2.metric("virtual_time")) > 0)

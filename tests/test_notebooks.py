@@ -40,6 +40,7 @@ def test_the_notebooks_exist():
         "06_sweeps",
         "07_hypergradients",
         "08_personalization",
+        "09_system_heterogeneity",
     }
     assert expected <= set(NOTEBOOKS)
 

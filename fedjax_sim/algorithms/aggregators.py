@@ -40,6 +40,8 @@ class Aggregator(NamedTuple):
         shapes and dtypes).
       stacked: whether `reduce` needs the `[M, ...]` sent updates (robust aggregators);
         otherwise the sum is fused into the client map and `[M, d]` never exists.
+      round_trips: server round trips of the upload protocol (1: one message; secure
+        aggregation's 4); the virtual clock adds `round_trip_latency` per extra one.
     """
 
     init: Callable[[Params, int], tuple[Any, dict[str, Any]]]
@@ -47,6 +49,7 @@ class Aggregator(NamedTuple):
     reduce: Callable[..., tuple[Params, Any, Metrics]]
     payload: Callable[[Params], float] | None = None
     stacked: bool = False
+    round_trips: int = 1
 
 
 @struct.dataclass
@@ -116,6 +119,7 @@ def wrap(
         reduce=inner.reduce,
         payload=payload or inner.payload,
         stacked=inner.stacked,
+        round_trips=inner.round_trips,
     )
 
 

@@ -275,6 +275,7 @@ def compose(
                 keep=ids.shape[0] if keep is None else keep,
                 bytes_down=bytes_down,
                 bytes_up=bytes_up,
+                round_trips=aggregator.round_trips,
             )
             ids, is_straggler = ids[plan.slots], is_straggler[plan.slots]
             weights, num_steps = plan.weights, plan.num_steps

@@ -42,10 +42,15 @@ The **virtual clock** (`DeviceModel`, the `device_model` option of `compose` and
 synchronous preset): client i's time in a round is
 
     time_i = bytes_down / downlink_i + steps_i / speed_i + bytes_up / uplink_i
+             + (R - 1) * round_trip_latency
 
 with the bytes one client receives and sends in that round (the `bytes_down` / `bytes_up`
 metrics per client: the model and the hooks' broadcasts; the aggregator's wire format, so
-compression shortens uploads) and its local steps (after FedProx's stragglers). A round
+compression shortens uploads and secure aggregation's keys, shares and masked vector
+lengthen them), its local steps (after FedProx's stragglers) and the upload protocol's R
+server round trips (`Aggregator.round_trips`: 1, secure aggregation's 4; each extra one costs
+`round_trip_latency`, default 0.1 s, an assumed mobile round trip). comm_i below is the
+transfer time plus that latency. A round
 starting at virtual time t0:
 1. a selected client that is offline at t0 (its window) does not take part (`unavailable`);
 2. with a `deadline` D, a client with time_i > D is `late`: dropped (`late="drop"`, weight 0)
@@ -96,6 +101,7 @@ from fedjax_sim.core.checks import check_number, positive
 
 FIELDS = ("speed", "uplink", "downlink", "period", "session", "phase", "dropout")
 DAY = 86400.0
+ROUND_TRIP_LATENCY = 0.1  # seconds per extra protocol round trip (an assumed mobile RTT)
 
 
 class Profile(NamedTuple):
@@ -372,6 +378,43 @@ class ProceduralProfiles:
 
 Profiles = TraceProfiles | ProceduralProfiles
 
+# Named procedural profiles (`named_profiles`, the CLI's `--device-model NAME`): illustrative,
+# not fitted to a trace.
+PROFILES: dict[str, dict[str, Distribution]] = {
+    # ProceduralProfiles' defaults: log-normal speeds and bandwidths, diurnal windows, dropout
+    "phones": {},
+    # the same speeds and bandwidths, always online, never vanishing
+    "always_on": {"session": constant(DAY), "phase": constant(0.0), "dropout": constant(0.0)},
+    # identical devices (2 steps/s, 1 MB/s up, 5 MB/s down), always online, no dropout
+    "homogeneous": {
+        "speed": constant(2.0),
+        "uplink": constant(1.0e6),
+        "downlink": constant(5.0e6),
+        "session": constant(DAY),
+        "phase": constant(0.0),
+        "dropout": constant(0.0),
+    },
+}
+BUNDLED = "bundled"  # `named_profiles("bundled")`: the bundled 64-row trace
+
+
+def named_profiles(spec: str, seed: int = 0) -> Profiles:
+    """Profiles by name: a `PROFILES` name (procedural, drawn from `seed`), "bundled" (the
+    bundled trace, `bundled_trace()`) or the path of a CSV trace (`load_trace`, rows
+    assigned modulo). Raises ValueError (one line) for anything else or a malformed trace."""
+    if spec in PROFILES:
+        return ProceduralProfiles(seed, **PROFILES[spec])
+    if spec == BUNDLED:
+        return load_trace(bundled_trace())
+    import os
+
+    if not os.path.isfile(spec):
+        raise ValueError(
+            f"{spec!r} is neither a profile name ({', '.join([*PROFILES, BUNDLED])}) nor a "
+            "trace file (CSV)"
+        )
+    return load_trace(spec)
+
 
 # ------------------------------------------------------------------------------ the clock
 class Plan(NamedTuple):
@@ -393,8 +436,11 @@ class DeviceModel:
     """Device profiles plus the synchronous round's rules on the virtual clock (module
     docstring): `deadline` (seconds, None: none), `late` ("drop" | "partial"),
     `over_selection` (f >= 1: draw ceil(f M), keep the first M to finish), `availability`
-    (offline clients at the round's start do not take part) and `idle` (seconds a round
-    lasts when nobody reports and there is no deadline)."""
+    (offline clients at the round's start do not take part), `idle` (seconds a round
+    lasts when nobody reports and there is no deadline) and `round_trip_latency` (seconds
+    each extra server round trip of the upload protocol adds to a client's time: secure
+    aggregation's 3 beyond the plain upload; default 0.1 s, an assumed mobile round trip,
+    not a measurement)."""
 
     profiles: Profiles = ProceduralProfiles()
     deadline: float | None = None
@@ -402,6 +448,7 @@ class DeviceModel:
     over_selection: float = 1.0
     availability: bool = True
     idle: float = 60.0
+    round_trip_latency: float = ROUND_TRIP_LATENCY
 
     def __post_init__(self):
         if not isinstance(self.profiles, (TraceProfiles, ProceduralProfiles)):
@@ -414,6 +461,12 @@ class DeviceModel:
             "over_selection", self.over_selection, lambda v: 1 <= v < math.inf, "finite and >= 1"
         )
         positive("idle", self.idle)
+        check_number(
+            "round_trip_latency",
+            self.round_trip_latency,
+            lambda v: 0 <= v < math.inf,
+            "finite and >= 0",
+        )
 
     def selection_size(self, size: int) -> int:
         """Clients drawn for a round that keeps `size`: ceil(over_selection * size)."""
@@ -434,16 +487,20 @@ class DeviceModel:
         keep: int,
         bytes_down: float,
         bytes_up: float,
+        round_trips: int = 1,
     ) -> Plan:
         """The round starting at virtual time `clock` for the drawn cohort `ids [N]` with
         `weights [N]` and local steps `num_steps [N]`; keeps `keep` (= M <= N) slots; `key`:
         `round_key(key, t, DEVICES)`; `bytes_down` / `bytes_up`: what one client receives /
-        sends this round."""
+        sends this round; `round_trips`: the upload protocol's server round trips (the
+        aggregator's; each one beyond the first adds `round_trip_latency`)."""
         dtype = float_dtype()
         clock = jnp.asarray(clock, dtype)
         profile = self.profiles(ids)
         steps = num_steps.astype(dtype)
         comm = bytes_down / profile.downlink + bytes_up / profile.uplink
+        if round_trips > 1:  # e.g. secure aggregation's key exchange and unmasking
+            comm = comm + (round_trips - 1) * self.round_trip_latency
         times = comm + steps / profile.speed
         selected = weights > 0
         avail = online(profile, clock) if self.availability else jnp.ones_like(selected)

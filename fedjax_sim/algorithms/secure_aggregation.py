@@ -74,7 +74,8 @@ secrets, AES-GCM):
 with d the coordinates the inner aggregator sends, k the neighbours. Every participant is
 counted for all four messages (clients that drop after masking send no Unmasking message:
 an upper bound). The protocol costs `ROUND_TRIPS` = 4 server round trips instead of plain
-FedAvg's one upload (metric `secagg_rounds`, for the virtual clock).
+FedAvg's one upload (metric `secagg_rounds`; `Aggregator.round_trips`: under a device model
+the clock adds `DeviceModel.round_trip_latency` for each of the 3 extra ones).
 """
 
 from __future__ import annotations
@@ -361,7 +362,14 @@ def secure_aggregation(
     def payload(params):
         return float(payload_bytes(_coordinates(inner, params), bits, neighbours))
 
-    return Aggregator(init=inner.init, encode=encode, reduce=reduce, payload=payload, stacked=True)
+    return Aggregator(
+        init=inner.init,
+        encode=encode,
+        reduce=reduce,
+        payload=payload,
+        stacked=True,
+        round_trips=ROUND_TRIPS,
+    )
 
 
 def _coordinates(inner: Aggregator, params: Any) -> int:

@@ -25,6 +25,7 @@ from fedjax_sim.app.config import (
     build_run,
     build_streamed_run,
     check_stream,
+    device_summary,
     explicit_fields,
     parse_hparams,
     privacy_accounting,
@@ -118,6 +119,9 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
             unseen_lr=cfg.client_lr,
             unseen_batch_size=cfg.batch_size,
         )
+    device = device_summary(cfg)
+    if device:
+        setting += f", {device}"
     main_process = jax.process_index() == 0
     if main_process:
         print(
@@ -189,6 +193,9 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
             f"; epsilon {final['epsilon']:.4g} at delta {cfg.dp_delta:g} (noise multiplier "
             f"{privacy.noise_multiplier:.4g})"
         )
+    if "virtual_time" in history.metrics and len(history.metrics["virtual_time"]):
+        hours = float(history.metric("virtual_time")[-1]) / 3600.0
+        line += f"; {hours:.4g} virtual hours"
     mode = history.meta.get("client_map")
     print(
         f"{line} after {history.num_rounds} rounds in {history.meta['seconds']:.1f} s"

@@ -113,6 +113,27 @@ class RunConfig:
     neighbours, Bell et al. 2020) as key=value, any of them turning it on: clip (L2 norm;
     required without --dp-clip, which then sets the range), bits (32), neighbours (cohort
     size - 1), threshold (0.5), dropout (0), bound, rounding (stochastic)."""
+    device_model: str | None = None
+    """Device profiles and the virtual clock (synchronous algorithms): a named procedural
+    profile drawn from --seed (phones: log-normal speeds and bandwidths, diurnal online
+    windows, 2 % mid-round dropout; always_on: the same, always online, no dropout;
+    homogeneous: identical always-online devices), bundled (the bundled 64-device trace) or
+    the path of a CSV device trace (format: `fedjax_sim.algorithms.device_model`). Adds the
+    metrics round_time, virtual_time, unavailable, late, dropouts and a virtual-hours plot."""
+    deadline: float | None = None
+    """Round deadline in virtual seconds (needs --device-model); clients past it: --late."""
+    late: Literal["drop", "partial"] = "drop"
+    """Clients past --deadline are dropped, or keep the local steps that fit (partial, as
+    FedProx's stragglers)."""
+    over_selection: float = 1.0
+    """Draw ceil(f M) clients and keep the first M to finish (Bonawitz et al. 2019; needs
+    --device-model and a --cohort-size with uniform or proportional sampling)."""
+    availability: bool = True
+    """Clients offline at a round's start (their profile's online window) do not take part
+    (needs --device-model; --no-availability: every client always online, dropout remains)."""
+    round_trip_latency: float = 0.1
+    """Virtual seconds each extra server round trip of the upload protocol adds to a client's
+    time (--secure-aggregation's 3 beyond the plain upload; an assumed mobile round trip)."""
     attack: Literal["sign_flip", "scale", "gaussian", "alie", "label_flip"] | None = None
     """Byzantine attack of --byzantine-fraction of the clients."""
     byzantine_fraction: float = 0.1
@@ -408,7 +429,10 @@ def build_streamed_run(cfg: RunConfig, explicit: Collection[str] | None = None):
         test, counts = None, source.counts
     else:
         test, counts = _held_out(source), np.asarray(source.all_counts())
-    plan = AlgorithmCohorts(_cohort_spec(cfg, explicit), counts)
+    spec = _cohort_spec(cfg, explicit)
+    if cfg.device_model is not None and cfg.over_selection > 1:  # the drawn cohort: ceil(f M)
+        spec = dataclasses.replace(spec, size=_device_model(cfg).selection_size(spec.size))
+    plan = AlgorithmCohorts(spec, counts)
     return source, test, model, algorithm, plan
 
 
@@ -494,6 +518,12 @@ ALGORITHM_FLAGS: dict[str, str] = {
     "aggregator": "aggregator",
     "aggregator_args": "aggregator",
     "secure_aggregation": "aggregator",
+    "device_model": "device_model",
+    "deadline": "device_model",
+    "late": "device_model",
+    "over_selection": "device_model",
+    "availability": "device_model",
+    "round_trip_latency": "device_model",
     "attack": "attack",
     "byzantine_fraction": "attack",
     "attack_args": "attack",
@@ -577,6 +607,82 @@ def check_privacy_robustness(cfg: RunConfig, explicit: Collection[str]) -> None:
         raise UsageError("--cohort-sampling bernoulli needs --cohort-probability")
     if cfg.cohort_probability is not None and cfg.cohort_sampling != "bernoulli":
         raise UsageError("--cohort-probability needs --cohort-sampling bernoulli")
+
+
+DEVICE_FLAGS = ("deadline", "late", "over_selection", "availability", "round_trip_latency")
+
+
+def check_device_model(cfg: RunConfig, explicit: Collection[str]) -> None:
+    """UsageError (one line naming the flag) for device-model flags that cannot work: a clock
+    flag without --device-model, an unknown profile or a malformed trace, --late partial
+    without --deadline, over-selection without a fixed cohort or beyond the population, a
+    latency that nothing pays. Reads the trace file (no JAX work)."""
+    explicit = set(explicit)
+    if cfg.device_model is None:
+        for name in DEVICE_FLAGS:
+            if name in explicit:
+                raise UsageError(f"{flag(name)} needs --device-model (the virtual clock)")
+        return
+    device_profiles(cfg)
+    if cfg.late == "partial" and cfg.deadline is None:
+        raise UsageError("--late partial needs --deadline (clients past it keep what fits)")
+    if cfg.over_selection > 1:
+        if cfg.cohort_size is None or cfg.cohort_sampling == "bernoulli":
+            raise UsageError(
+                "--over-selection needs --cohort-size with --cohort-sampling uniform or "
+                "proportional (it draws ceil(f M) and keeps M)"
+            )
+        drawn = math.ceil(cfg.over_selection * cfg.cohort_size - 1e-9)
+        if cfg.cohort_sampling == "uniform" and drawn > cfg.num_clients:
+            raise UsageError(
+                f"--over-selection {cfg.over_selection:g} draws {drawn} clients, more than "
+                f"--num-clients {cfg.num_clients}"
+            )
+    if "round_trip_latency" in explicit and not cfg.secure_aggregation:
+        raise UsageError(
+            "--round-trip-latency is paid by --secure-aggregation's extra round trips; "
+            "without it the upload is one message"
+        )
+
+
+def device_profiles(cfg: RunConfig):
+    """The `--device-model` profiles (UsageError naming the flag)."""
+    from fedjax_sim.algorithms.device_model import named_profiles
+
+    try:
+        return named_profiles(cfg.device_model, seed=cfg.seed)
+    except (ValueError, OSError) as e:
+        raise UsageError(f"--device-model {first_line(e)}") from None
+
+
+def _device_model(cfg: RunConfig):
+    if cfg.device_model is None:
+        return None
+    from fedjax_sim.algorithms.device_model import DeviceModel
+
+    return DeviceModel(
+        device_profiles(cfg),
+        deadline=cfg.deadline,
+        late=cfg.late,
+        over_selection=cfg.over_selection,
+        availability=cfg.availability,
+        round_trip_latency=cfg.round_trip_latency,
+    )
+
+
+def device_summary(cfg: RunConfig) -> str | None:
+    """The run summary's words on the device model (None without one)."""
+    if cfg.device_model is None:
+        return None
+    parts = [f"availability {'on' if cfg.availability else 'off'}"]
+    if cfg.deadline is not None:
+        kept = "partial work kept" if cfg.late == "partial" else "late clients dropped"
+        parts.append(f"deadline {cfg.deadline:g} s, {kept}")
+    if cfg.over_selection > 1:
+        parts.append(f"over-selection {cfg.over_selection:g}")
+    if cfg.secure_aggregation:
+        parts.append(f"round-trip latency {cfg.round_trip_latency:g} s")
+    return f"device model {cfg.device_model} ({', '.join(parts)})"
 
 
 def privacy_accounting(cfg: RunConfig, num_clients: int | None = None):
@@ -756,6 +862,8 @@ def _concept_values(
         )
     if "attack" in params:
         values["attack"] = _attack(cfg, data)
+    if "device_model" in params:
+        values["device_model"] = _device_model(cfg)
     return values
 
 
@@ -813,12 +921,18 @@ def algorithm_kwargs(
     accepted = hyper_parameters(factory)
     explicit = explicit_fields(cfg) if explicit is None else set(explicit)
     for name, concept in ALGORITHM_FLAGS.items():
+        if name in explicit and concept == "device_model" and "events" in accepted:
+            raise UsageError(
+                f"{flag(name)} is not used by {cfg.algorithm} (asynchronous: its clients fire "
+                "from `events`; build them with device_model.event_model in Python)"
+            )
         if name in explicit and concept not in accepted:
             raise UsageError(
                 f"{flag(name)} is not used by {cfg.algorithm} (it has no "
                 f"{concept}); see `fedjax-sim list --what algorithms`"
             )
     check_privacy_robustness(cfg, explicit)
+    check_device_model(cfg, explicit)
     try:
         values = _concept_values(cfg, factory, explicit, data)
     except ValueError as e:  # an aggregator's / attack's own check

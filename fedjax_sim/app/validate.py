@@ -75,6 +75,9 @@ RULES: dict[str, Range] = {
     "target_epsilon": POSITIVE,
     "dp_quantile": Range(0, 1, lo_open=True, hi_open=True),
     "byzantine_fraction": Range(0, 1),
+    "deadline": POSITIVE,
+    "over_selection": Range(1),
+    "round_trip_latency": NONNEG,
     # sweep
     "seeds": POSITIVE_INT,
     "at_round": Range(0, INT32_MAX),

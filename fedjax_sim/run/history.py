@@ -246,13 +246,15 @@ class History:
     def plot(self, path: str) -> None:
         """Training loss per round and test accuracy per evaluation: central, client mean /
         worst / 10th percentile of the global model and, when evaluated, of the personal
-        models and of the adapted unseen clients."""
+        models and of the adapted unseen clients; with a virtual clock (`virtual_time`, runs
+        with a device model) a third panel: the accuracies against virtual hours."""
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        clock = "virtual_time" in self.metrics and len(self.metrics["virtual_time"]) > 0
+        fig, axes = plt.subplots(1, 3 if clock else 2, figsize=(16.5 if clock else 11, 4))
         if "train_loss" in self.metrics:
             axes[0].plot(self.rounds, self.metrics["train_loss"], lw=1, label="cohort train loss")
         r, v = self.eval_series("test_loss")
@@ -277,6 +279,16 @@ class History:
         axes[1].set(xlabel="round", ylabel="accuracy", title="Accuracy", ylim=(0, 1))
         if axes[1].lines:  # none without a test set (a streamed client store)
             axes[1].legend()
+        if clock:
+            for name, label in labels.items():
+                h, v = self.eval_series(name, x="virtual_hours")
+                if len(h):
+                    axes[2].plot(h, v, "o-", ms=3, label=label)
+            axes[2].set(
+                xlabel="virtual hours", ylabel="accuracy", title="Accuracy vs time", ylim=(0, 1)
+            )
+            if axes[2].lines:
+                axes[2].legend()
         title = self.meta.get("title")
         if title:
             fig.suptitle(title)

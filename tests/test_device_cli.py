@@ -1,0 +1,146 @@
+"""The device model on the command line (issue 38 item 6): flags refused up front with one
+line naming the flag (before any data or JAX work), assembled into a `DeviceModel`, shown in
+the run summary with the total virtual hours, and the virtual-hours plot panel."""
+
+import dataclasses
+import json
+import math
+import os
+import struct
+
+import numpy as np
+import pytest
+
+from fedjax_sim.algorithms.device_model import (
+    PROFILES,
+    DeviceModel,
+    ProceduralProfiles,
+    TraceProfiles,
+)
+from fedjax_sim.app.cli import main
+from fedjax_sim.app.config import RunConfig, algorithm_kwargs
+
+BAD_TRACE = "client,speed,uplink,downlink,period,session,phase,dropout\n0,-1,1,1,1,1,0,0\n"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--deadline", "30"], "--deadline needs --device-model"),
+        (["--late", "partial"], "--late needs --device-model"),
+        (["--over-selection", "1.3"], "--over-selection needs --device-model"),
+        (["--no-availability"], "--availability needs --device-model"),
+        (["--device-model", "tablets"], "--device-model 'tablets' is neither a profile name"),
+        (["--device-model", "BAD"], "--device-model BAD, line 3, column 'speed'"),
+        (["--device-model", "phones", "--deadline", "0"], "--deadline must be > 0"),
+        (["--device-model", "phones", "--deadline", "nan"], "--deadline must be a finite"),
+        (["--device-model", "phones", "--over-selection", "0.9"], "--over-selection must be >= 1"),
+        (["--device-model", "phones", "--late", "partial"], "--late partial needs --deadline"),
+        (["--device-model", "phones", "--late", "wait"], "--late"),
+        (
+            ["--device-model", "phones", "--over-selection", "1.5", "--cohort-size", "70"],
+            "--over-selection 1.5 draws 105 clients, more than --num-clients 100",
+        ),
+        (
+            ["--device-model", "phones", "--over-selection", "1.5", "--cohort-sampling"]
+            + ["bernoulli", "--cohort-probability", "0.1"],
+            "--over-selection needs --cohort-size",
+        ),
+        (
+            ["--device-model", "phones", "--round-trip-latency", "0.2"],
+            "--round-trip-latency is paid by --secure-aggregation",
+        ),
+        (
+            ["--device-model", "phones", "--secure-aggregation", "clip=1"]
+            + ["--round-trip-latency", "-1"],
+            "--round-trip-latency must be >= 0",
+        ),
+        (["--algorithm", "fedbuff", "--device-model", "phones"], "asynchronous"),
+    ],
+)
+def test_bad_device_flags_refused_up_front(tmp_path, monkeypatch, capsys, args, message):
+    trace = tmp_path / "bad.csv"
+    trace.write_text("# a trace\n" + BAD_TRACE)
+    args = [str(trace) if a == "BAD" else a for a in args]
+    message = message.replace("BAD", str(trace))
+
+    def no_data(*a, **k):  # refusals come before the data is loaded or anything compiled
+        raise AssertionError("loaded data before refusing")
+
+    monkeypatch.setattr("fedjax_sim.data.load", no_data)
+    assert main(["run", "--rounds", "1", "--out", str(tmp_path / "out"), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_flags_assemble_the_device_model(tmp_path):
+    cfg = RunConfig(
+        device_model="homogeneous",
+        deadline=40.0,
+        late="partial",
+        over_selection=1.5,
+        availability=False,
+        secure_aggregation=("clip=1",),
+        round_trip_latency=0.3,
+        seed=7,
+    )
+    explicit = {"device_model", "deadline", "late", "over_selection", "availability"}
+    model = algorithm_kwargs(cfg, explicit | {"secure_aggregation", "round_trip_latency"})[
+        "device_model"
+    ]
+    expected = DeviceModel(
+        ProceduralProfiles(7, **PROFILES["homogeneous"]),
+        deadline=40.0,
+        late="partial",
+        over_selection=1.5,
+        availability=False,
+        round_trip_latency=0.3,
+    )
+    assert dataclasses.asdict(model) == dataclasses.asdict(expected)  # DeviceModel: eq=False
+    bundled = algorithm_kwargs(RunConfig(device_model="bundled"), {"device_model"})
+    assert isinstance(bundled["device_model"].profiles, TraceProfiles)
+    assert bundled["device_model"].profiles.rows == 64
+    assert "device_model" not in algorithm_kwargs(RunConfig(), set())
+
+
+def _png_width(path):
+    with open(path, "rb") as f:
+        head = f.read(24)
+    return struct.unpack(">I", head[16:20])[0]
+
+
+def test_cli_run_summary_virtual_hours_and_plot(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["run", "--rounds", "3", "--eval-every", "1", "--num-clients", "20"]
+    args += ["--cohort-size", "4", "--local-steps", "2", "--no-progress", "--out", str(out)]
+    clock = ["--device-model", "bundled", "--deadline", "30", "--over-selection", "1.5"]
+    assert main([*args, *clock]) == 0
+    printed = capsys.readouterr().out
+    summary = "device model bundled (availability on, deadline 30 s, late clients dropped, "
+    assert summary + "over-selection 1.5)" in printed
+    history = json.loads((out / "history.json").read_text())
+    times = np.array(history["metrics"]["virtual_time"], float)
+    np.testing.assert_allclose(times, np.cumsum(history["metrics"]["round_time"]), rtol=1e-6)
+    hours = times[-1] / 3600.0
+    assert f"; {hours:.4g} virtual hours after 3 rounds" in printed
+    assert np.all(np.array(history["metrics"]["round_time"]) <= 30.0 + 1e-4)
+    assert history["meta"]["config"]["device_model"] == "bundled"
+    wide = _png_width(out / "history.png")
+    plain = tmp_path / "plain"
+    assert main([*args[:-1], str(plain)]) == 0
+    assert "virtual hours" not in capsys.readouterr().out
+    assert wide == pytest.approx(1.5 * _png_width(plain / "history.png"), abs=2)  # 3rd panel
+    assert os.path.isfile(plain / "history.png") and math.isfinite(hours)
+
+
+def test_cli_streamed_population_with_over_selection(tmp_path, capsys):
+    """A streamed run plans the drawn cohort (ceil(f M)) and runs on the clock."""
+    out = tmp_path / "pop"
+    args = ["run", "--population", "uniform", "--num-clients", "1000", "--rounds", "2"]
+    args += ["--eval-every", "1", "--local-steps", "1", "--model", "logistic"]
+    args += ["--device-model", "always_on", "--over-selection", "1.5", "--no-progress"]
+    assert main([*args, "--out", str(out)]) == 0
+    history = json.loads((out / "history.json").read_text())
+    assert history["metrics"]["participants"] == [10, 10]
+    assert "virtual hours" in capsys.readouterr().out
