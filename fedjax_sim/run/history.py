@@ -280,10 +280,10 @@ class History:
         if axes[1].lines:  # none without a test set (a streamed client store)
             axes[1].legend()
         if clock:
-            for name, label in labels.items():
+            for name, (label, style) in labels.items():
                 h, v = self.eval_series(name, x="virtual_hours")
                 if len(h):
-                    axes[2].plot(h, v, "o-", ms=3, label=label)
+                    axes[2].plot(h, v, style, ms=3, label=label)
             axes[2].set(
                 xlabel="virtual hours", ylabel="accuracy", title="Accuracy vs time", ylim=(0, 1)
             )
