@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_partition import BLOCKS, W0, C, loss, split
+from test_param_partition import BLOCKS, W0, C, loss, split
 
 from fedjax_sim.algorithms.core import COHORT, CohortSpec, LocalSpec, round_key
 from fedjax_sim.algorithms.partitioned import fedbabu, fedper, fedrep, head_and_body, lg_fedavg
@@ -159,3 +159,6 @@ def test_bad_heads_are_refused():
         fedper(loss, partition=head_and_body(None, head_label="frozen", body_label="shared"))
     with pytest.raises(ValueError, match="head_steps"):
         fedrep(loss, head_steps=-1)
+    with pytest.raises(ValueError, match="give head_steps"):
+        fedrep(loss, local=LocalSpec(epochs=1))
+    fedrep(loss, local=LocalSpec(steps=1))  # default: the body's ceil(1 / 11) = 1 step

@@ -19,6 +19,7 @@ path (`"Dense_2/kernel"`) matches the regular expression `head`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -124,15 +125,21 @@ def alternating(head_steps: int, head: str | None = None) -> LocalHook:
 
 @preset()
 def fedrep(
-    loss_fn: LossFn, *, head_steps: int = 5, head: str | None = None, options: Options
+    loss_fn: LossFn, *, head_steps: int | None = None, head: str | None = None, options: Options
 ) -> Algorithm:
     """FedRep (Collins et al., "Exploiting Shared Representations for Personalized Federated
     Learning", ICML 2021): each client keeps its head (a row); a round's local steps first
     fit the head for `head_steps` steps with the body fixed at x_t's, then move the body with
     the head fixed (`alternating`); the server averages the bodies. With
-    `local=LocalSpec(steps=K)` the body gets `K - head_steps` steps (the paper: tau_h = 10
-    head epochs, 1 body epoch); `head_steps` must leave the body a step."""
+    `local=LocalSpec(steps=K)` the body gets `K - head_steps` steps; `head_steps` must leave
+    it one. None: the paper's ratio (tau_h = 10 head epochs, 1 body epoch), the body's share
+    `ceil(K / 11)` of the K steps (K = 10: 9 head steps and 1 body step); give `head_steps`
+    with `LocalSpec(epochs=...)`."""
     steps = options.local.steps
+    if head_steps is None:
+        if options.local.epochs is not None or steps is None:
+            raise ValueError("FedRep with local epochs: give head_steps (local steps on the head)")
+        head_steps = steps - math.ceil(steps / 11)
     if options.local.epochs is None and steps is not None and head_steps >= steps:
         raise ValueError(
             f"FedRep head_steps={head_steps} leaves the body no step of the {steps} local steps"

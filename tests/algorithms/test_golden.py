@@ -61,7 +61,7 @@ def test_every_registered_algorithm_is_pinned():
     names = golden_cases.case_names()
     # new since the pins, each checked against its NumPy reference instead: FedNova (issue
     # 18, tests/algorithms/test_compose.py), the personalized presets (issue 37,
-    # tests/test_personal_models.py, tests/test_partition.py, tests/test_partitioned.py)
+    # tests/test_personal_models.py, tests/test_param_partition.py, tests/test_partitioned.py)
     unpinned = {"fednova", "ditto", "apfl", "pfedme", "per_fedavg", "fedavg_ft"}
     unpinned |= {"fedper", "lg_fedavg", "fedrep", "fedbabu"}
     for algorithm in ALGORITHMS:
