@@ -98,10 +98,11 @@ print(f"pretrained {PRETRAIN_STEPS} steps, last batch loss {float(loss):.3f}")
 lora_params = with_pretrained(lora_model.init(jax.random.key(1)), base)
 spec = dict(client_optimizer=0.3, local=LocalSpec(steps=5, batch_size=8),
             cohort=CohortSpec(size=8))  # fmt: skip
+lora_fedavg = fedavg(lora_model.loss, partition=lora_partition(), **spec)
 runs = {
-    "LoRA (adapters)": (lora_model, lora_params, fedavg(lora_model.loss, partition=lora_partition(), **spec)),
+    "LoRA (adapters)": (lora_model, lora_params, lora_fedavg),
     "full fine-tuning": (base_model, base, fedavg(base_model.loss, **spec)),
-}  # fmt: skip
+}
 histories, states = {}, {}
 for name, (model, params, alg) in runs.items():
     histories[name], states[name] = simulate(
