@@ -438,6 +438,8 @@ def test_valid_edge_values_pass_validation(workdir):
         ["--checkpoint-every", "1", "--eval-every", "1", "--rounds", "1"],
         ["--resume-or-start"],
         ["--devices", "1"],
+        ["--model", "transformer", "--lora-rank", "1", "--lora-alpha", "1e-3"],
+        ["--model", "transformer", "--lora-rank", "64", "--lora-targets", "mlp_out"],
     ]
     for args in edges:
         cfg = cli._parse(cli.RunConfig, args, None, "fedjax-sim run")
