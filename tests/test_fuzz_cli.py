@@ -315,6 +315,26 @@ BAD_CONFIGS: list[tuple[str, str]] = [
 ]
 
 
+# issue 39: the LoRA flags (model flags: refused before the data is loaded or the run starts)
+TRANSFORMER = ["--dataset", "markov_tokens", "--model", "transformer"]
+BAD_39: list[tuple[list[str], str]] = [
+    (["run", *TRANSFORMER, "--lora-rank", "0"], "--lora-rank"),
+    (["run", *TRANSFORMER, "--lora-rank", "-2"], "--lora-rank"),
+    (["run", *TRANSFORMER, "--lora-rank", "1.5"], "--lora-rank"),
+    *[
+        (["run", *TRANSFORMER, "--lora-rank", "4", "--lora-alpha", v], "--lora-alpha")
+        for v in [*NONFINITE, "0", "-1"]
+    ],  # fmt: skip
+    (["run", *TRANSFORMER, "--lora-rank", "4", "--lora-targets", "kernel"], "--lora-targets"),
+    (["run", *TRANSFORMER, "--lora-alpha", "8"], "--lora-alpha"),
+    (["run", *TRANSFORMER, "--lora-targets", "query"], "--lora-targets"),
+    (["run", "--lora-rank", "4"], "--lora-rank"),  # --model mlp
+    (["run", "--model", "lstm", "--dataset", "shakespeare", "--lora-rank", "4"], "--lora-rank"),
+    (["run", *TRANSFORMER, "--lora-rank", "4", "--algorithm", "fedbuff"], "--lora-rank"),
+    (["run", "--model", "transformer"], "--model"),  # digits: float features
+]
+
+
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
     """An empty working directory with a plain file and a read-only folder in it."""
@@ -418,6 +438,8 @@ def test_valid_edge_values_pass_validation(workdir):
         ["--checkpoint-every", "1", "--eval-every", "1", "--rounds", "1"],
         ["--resume-or-start"],
         ["--devices", "1"],
+        ["--model", "transformer", "--lora-rank", "1", "--lora-alpha", "1e-3"],
+        ["--model", "transformer", "--lora-rank", "64", "--lora-targets", "mlp_out"],
     ]
     for args in edges:
         cfg = cli._parse(cli.RunConfig, args, None, "fedjax-sim run")
@@ -527,3 +549,12 @@ def test_sweep_interrupt_names_the_saved_checkpoint(capsys, workdir, monkeypatch
         "rerun the same command with --resume"
     ), err
     assert Checkpointer(str(directory)).latest_round() == 2
+
+
+@pytest.mark.parametrize("args, names", BAD_39, ids=[" ".join(a)[:60] for a, _ in BAD_39])
+def test_issue_39_lora_flags_refused(capsys, workdir, monkeypatch, args, names):
+    def started(*args, **kwargs):
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(sys.modules["fedjax_sim.run.simulate"], "simulate", started)
+    _refused(capsys, workdir, [*args, "--no-progress"], names)

@@ -41,6 +41,7 @@ def test_the_notebooks_exist():
         "07_hypergradients",
         "08_personalization",
         "09_system_heterogeneity",
+        "10_federated_lora",
     }
     assert expected <= set(NOTEBOOKS)
 

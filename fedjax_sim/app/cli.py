@@ -27,6 +27,7 @@ from fedjax_sim.app.config import (
     check_stream,
     device_summary,
     explicit_fields,
+    lora_summary,
     parse_hparams,
     privacy_accounting,
     privacy_record,
@@ -98,7 +99,12 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
     else:
         _check_loaded(cfg, dataset, model, client_map, mesh)
         name, summary = dataset.name, dataset.train.summary()
-        natural = cfg.dataset in ("shakespeare", "fedprox_synthetic", "shifted_minority")
+        natural = cfg.dataset in (
+            "shakespeare",
+            "fedprox_synthetic",
+            "shifted_minority",
+            "markov_tokens",
+        )
         setting = f"{'natural' if natural else cfg.partition} partition"
         if cfg.personal_eval:
             setting += ", personal models evaluated"
@@ -119,9 +125,9 @@ def run(cfg: RunConfig, explicit: set[str] | None = None) -> int:
             unseen_lr=cfg.client_lr,
             unseen_batch_size=cfg.batch_size,
         )
-    device = device_summary(cfg)
-    if device:
-        setting += f", {device}"
+    for words in (lora_summary(cfg, model), device_summary(cfg)):
+        if words:
+            setting += f", {words}"
     main_process = jax.process_index() == 0
     if main_process:
         print(

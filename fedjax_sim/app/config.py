@@ -49,11 +49,20 @@ class RunConfig:
     num_clients: int = 100
     """Number of simulated clients C."""
     model: str = "mlp"
-    """Registered model: logistic, mlp, cnn, lstm, gru (character models for shakespeare)."""
+    """Registered model: logistic, mlp, cnn, lstm, gru, transformer (token models for
+    shakespeare and markov_tokens)."""
     hidden: tuple[int, ...] = (64,)
     """Hidden widths of the MLP."""
     l2: float = 0.0
     """L2 penalty l2/2 ||w||^2 added to each client's loss."""
+    lora_rank: int | None = None
+    """Federated LoRA (--model transformer): adapters of this rank beside the projections of
+    --lora-targets; only they train and travel, the base is frozen (`lora_partition`; the
+    algorithm must take a partition: every synchronous preset)."""
+    lora_alpha: float | None = None
+    """LoRA scaling alpha: the adapters' output is scaled by alpha / rank (default: rank)."""
+    lora_targets: tuple[str, ...] = ()
+    """Projections that get adapters (query, key, value, out, mlp_in, mlp_out; default: all)."""
     rounds: int = 200
     """Number of communication rounds."""
     cohort_size: int | None = 10
@@ -264,7 +273,7 @@ def build_run(cfg: RunConfig, mesh=None, explicit: Collection[str] | None = None
     elif cfg.dataset == "shakespeare":  # natural per-speaker partition
         if cfg.data_dir:
             load_kwargs["data_dir"] = cfg.data_dir
-    elif cfg.dataset == "shifted_minority":  # natural split: no partition options
+    elif cfg.dataset in ("shifted_minority", "markov_tokens"):  # natural split
         pass
     else:
         load_kwargs["partitioner"] = cfg.partition
@@ -482,6 +491,10 @@ def _model(cfg: RunConfig, feature_shape: tuple[int, ...], num_classes: int):
     model_kwargs: dict[str, object] = {"l2": cfg.l2}
     if cfg.model == "mlp":
         model_kwargs["hidden"] = cfg.hidden
+    if cfg.lora_rank is not None:  # validate.check_lora: only with --model transformer
+        model_kwargs.update(lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha)
+        if cfg.lora_targets:
+            model_kwargs["lora_targets"] = cfg.lora_targets
     return models.build(cfg.model, feature_shape, num_classes, **model_kwargs)
 
 
@@ -667,6 +680,28 @@ def _device_model(cfg: RunConfig):
         over_selection=cfg.over_selection,
         availability=cfg.availability,
         round_trip_latency=cfg.round_trip_latency,
+    )
+
+
+def lora_summary(cfg: RunConfig, model: Any) -> str | None:
+    """The run summary's words on the LoRA adapters and their size against the frozen
+    base's (None without --lora-rank)."""
+    if cfg.lora_rank is None:
+        return None
+    import jax
+
+    from fedjax_sim.algorithms.lora import lora_partition
+    from fedjax_sim.models.transformer import PROJECTIONS
+
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    labels = jax.tree.leaves(lora_partition().of(params))
+    sizes = [x.size for x in jax.tree.leaves(params)]
+    adapters = sum(n for n, label in zip(sizes, labels, strict=True) if label == "shared")
+    base = sum(sizes) - adapters
+    targets = ", ".join(cfg.lora_targets or PROJECTIONS)
+    return (
+        f"LoRA rank {cfg.lora_rank} on {targets}: {adapters:,} adapter parameters train and "
+        f"travel, {base:,} base parameters frozen ({100 * adapters / base:.2g}% of the base)"
     )
 
 
@@ -864,6 +899,10 @@ def _concept_values(
         values["attack"] = _attack(cfg, data)
     if "device_model" in params:
         values["device_model"] = _device_model(cfg)
+    if cfg.lora_rank is not None and "partition" in params:
+        from fedjax_sim.algorithms.lora import lora_partition
+
+        values["partition"] = lora_partition()
     return values
 
 
@@ -931,6 +970,11 @@ def algorithm_kwargs(
                 f"{flag(name)} is not used by {cfg.algorithm} (it has no "
                 f"{concept}); see `fedjax-sim list --what algorithms`"
             )
+    if cfg.lora_rank is not None and "partition" not in accepted:
+        raise UsageError(
+            f"--lora-rank is not used by {cfg.algorithm} (it has no partition, which LoRA "
+            "needs to train and send only the adapters); use a synchronous preset"
+        )
     check_privacy_robustness(cfg, explicit)
     check_device_model(cfg, explicit)
     try:

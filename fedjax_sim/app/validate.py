@@ -65,6 +65,8 @@ RULES: dict[str, Range] = {
     "alpha": POSITIVE,
     "sigma": NONNEG,
     "l2": NONNEG,
+    "lora_rank": POSITIVE_INT,
+    "lora_alpha": POSITIVE,
     "mu": NONNEG,
     "local_epochs": POSITIVE,
     "straggler_fraction": Range(0, 1),
@@ -318,7 +320,7 @@ def _probe(folder: str, message: str) -> None:
 
 
 # ------------------------------------------------------------------------------ run configs
-CHAR_MODELS = ("lstm", "gru")
+CHAR_MODELS = ("lstm", "gru", "transformer")  # models of integer token sequences
 
 
 def algorithm_factory(name: str) -> Callable[..., Any]:
@@ -385,10 +387,30 @@ def check_config(cfg: Any, max_virtual_devices: int | None = None) -> None:
         )
     if cfg.model not in models.MODELS:
         raise UsageError(f"unknown model {cfg.model!r}; choose from {sorted(models.MODELS)}")
+    check_lora(cfg)
     if cfg.dp_clip is not None:
         extras.require("privacy", "--dp-clip")
     if data.needs_tfds(cfg.dataset):
         extras.require("tfds", f"--dataset {cfg.dataset}")
+
+
+def check_lora(cfg: Any) -> None:
+    """The LoRA flags: --lora-alpha / --lora-targets need --lora-rank, which needs --model
+    transformer; targets among the transformer's projections (ranges: `RULES`)."""
+    from fedjax_sim.models.transformer import PROJECTIONS
+
+    rank = getattr(cfg, "lora_rank", None)
+    for name in ("lora_alpha", "lora_targets"):
+        if getattr(cfg, name, None) and rank is None:
+            raise UsageError(f"{flag(name)} needs --lora-rank (the adapters' rank)")
+    if rank is not None and cfg.model != "transformer":
+        raise UsageError(
+            f"--lora-rank needs --model transformer (LoRA adapts its projections), got "
+            f"--model {cfg.model}"
+        )
+    bad = [t for t in getattr(cfg, "lora_targets", ()) if t not in PROJECTIONS]
+    if bad:
+        raise UsageError(f"--lora-targets must be among {', '.join(PROJECTIONS)}, got {bad[0]}")
 
 
 def check_unseen(cfg: Any) -> None:
@@ -547,7 +569,7 @@ def check_model_data(model: str, dataset: str, x_dtype: Any, feature_shape: tupl
     if model not in CHAR_MODELS and tokens:
         raise UsageError(
             f"--model {model} reads float features; {dataset} has integer token "
-            f"sequences: use --model lstm or gru"
+            f"sequences: use --model lstm, gru or transformer"
         )
 
 

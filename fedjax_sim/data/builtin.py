@@ -7,6 +7,8 @@
 - `mnist`, `emnist`, `cifar10`, `cifar100` and `tfds:<any catalogue name>`: tfds data prepared
   on disk in array_record format, read without TensorFlow (`fedjax_sim.data.tfds_source`).
 - `fedprox_synthetic`: Synthetic(alpha, beta) of the FedProx paper.
+- `markov_tokens`: a synthetic next-token task, one Markov chain per client (`--model
+  transformer`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 from fedjax_sim.data.dataset import Dataset, federate, split_clients
 from fedjax_sim.data.idx import FASHION_MNIST_DIR, load_fashion_mnist, read_fashion_mnist, read_idx
 from fedjax_sim.data.shakespeare import load_shakespeare
-from fedjax_sim.data.synthetic import fedprox_synthetic, shifted_minority
+from fedjax_sim.data.synthetic import fedprox_synthetic, markov_tokens, shifted_minority
 from fedjax_sim.data.tfds_source import load_tfds
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "load_digits",
     "load_fashion_mnist",
     "load_fedprox_synthetic",
+    "load_markov_tokens",
     "load_shifted_minority",
     "read_fashion_mnist",
     "read_idx",
@@ -90,6 +93,21 @@ def load_fedprox_synthetic(
     return Dataset(train=train, test=test, name="fedprox_synthetic")
 
 
+def load_markov_tokens(
+    num_clients: int = 20,
+    partitioner: str = "natural",
+    seed: int = 0,
+    **kwargs: Any,
+) -> Dataset:
+    """`synthetic.markov_tokens`, a federated next-token task (one Markov chain per client,
+    natural split; `partitioner` is ignored): 64 windows of 32 tokens over 32 tokens per
+    client by default (`kwargs`: its other arguments), a quarter held out."""
+    del partitioner
+    kwargs = {"examples_per_client": 64, "vocab_size": 32, "seq_len": 32, **kwargs}
+    train, test = markov_tokens(num_clients=num_clients, seed=seed, **kwargs)
+    return Dataset(train=train, test=test, name="markov_tokens")
+
+
 def _tfds_entry(name: str, doc: str) -> Callable[..., Dataset]:
     fn = partial(load_tfds, name)
     fn.__doc__ = doc
@@ -135,6 +153,7 @@ DATASETS: dict[str, Callable[..., Dataset]] = {
         "cifar100", "CIFAR-100 via tfds (array_record on disk, no TensorFlow)."
     ),
     "shifted_minority": load_shifted_minority,
+    "markov_tokens": load_markov_tokens,
 }
 TFDS_PREFIX = "tfds:"
 """`load("tfds:<name>")` reads any prepared tfds catalogue dataset, e.g. `tfds:emnist/letters`."""

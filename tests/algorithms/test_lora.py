@@ -1,6 +1,7 @@
 """Federated LoRA (`algorithms.lora`): the adapters-only partition on the transformer (base
-bit-identical after rounds, bytes = the adapters' bytes, FedAvg / FedProx / SCAFFOLD / DP on
-the adapters), the pitfall (averaging A and B is not averaging B A), and heterogeneous ranks
+bit-identical after rounds, bytes = the adapters' bytes, FedAvg / FedProx / SCAFFOLD / DP, robust
+aggregators, top-k with error feedback, secure aggregation and FedAdam on the adapters), the
+pitfall (averaging A and B is not averaging B A), and heterogeneous ranks
 with HetLoRA and FLoRA against independent NumPy references (float64 full-batch GD on a
 one-module LoRA least-squares model)."""
 
@@ -10,7 +11,9 @@ import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
 
-from fedjax_sim.algorithms import fedavg, fedprox, scaffold
+from fedjax_sim.algorithms import fedadam, fedavg, fedprox, scaffold
+from fedjax_sim.algorithms.aggregators import error_feedback
+from fedjax_sim.algorithms.compression import INDEX_BYTES, TopK
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
 from fedjax_sim.algorithms.lora import (
     flora,
@@ -21,6 +24,8 @@ from fedjax_sim.algorithms.lora import (
     truncate,
 )
 from fedjax_sim.algorithms.privacy import dp_mean
+from fedjax_sim.algorithms.robust import median, trimmed_mean
+from fedjax_sim.algorithms.secure_aggregation import payload_bytes, secure_aggregation
 from fedjax_sim.data import least_squares, markov_tokens
 from fedjax_sim.data.federated import tree_size_bytes
 from fedjax_sim.models import Model, transformer
@@ -91,6 +96,58 @@ def test_algorithms_train_only_the_adapters(setup, name):
     if name == "scaffold":  # its control variates (sent too) are of the adapters only
         assert float(metrics["bytes_up"]) == 2 * M * adapter_bytes
         assert tree_size_bytes(state.rows["control_variates"].value) == C * adapter_bytes
+
+
+TOP_K = 5
+
+
+@pytest.mark.parametrize("name", ["median", "trimmed_mean", "top_k_ef", "secagg", "fedadam"])
+def test_every_part_on_the_adapters(setup, name):
+    """Robust aggregators, compression with error feedback, secure aggregation and a server
+    Adam see only the adapters: the base stays bit-identical, the adapters move, bytes_up is
+    the aggregator's payload of the adapters (and per-client / server state is
+    adapter-shaped)."""
+    data, model, params = setup
+    old_ad, old_base = split_adapters(params)
+    d = sum(v.size for v in old_ad.values())
+    adapter_bytes = sum(v.size * v.dtype.itemsize for v in old_ad.values())
+    common = dict(
+        client_optimizer=0.5,
+        local=LocalSpec(steps=2, batch_size=4),
+        cohort=CohortSpec(size=M, weighting="uniform"),
+        partition=lora_partition(),
+    )
+    aggregator = {
+        "median": median(),
+        "trimmed_mean": trimmed_mean(0.25),
+        "top_k_ef": error_feedback(TopK(k=TOP_K)),
+        "secagg": secure_aggregation(neighbours=M - 1, bits=32, clip=1.0),
+    }.get(name)
+    if name == "fedadam":
+        alg = fedadam(model.loss, server_optimizer=0.01, **common)
+    else:
+        alg = fedavg(model.loss, aggregator=aggregator, num_clients=C, **common)
+    state, metrics = run(alg, params, data)
+    new_ad, new_base = split_adapters(state.params)
+    for k, v in old_base.items():
+        np.testing.assert_array_equal(new_base[k], v, err_msg=k)
+    assert any(float(jnp.max(jnp.abs(new_ad[k] - v))) > 0 for k, v in old_ad.items())
+    assert np.isfinite(float(metrics["train_loss"]))
+    per_client = {
+        "median": adapter_bytes,
+        "trimmed_mean": adapter_bytes,
+        "top_k_ef": TOP_K * (4 + INDEX_BYTES),  # k float32 values + k int32 indices
+        "secagg": payload_bytes(d, 32, M - 1),  # keys, shares, d 32-bit masked words
+        "fedadam": adapter_bytes,
+    }[name]
+    assert float(metrics["bytes_up"]) == M * per_client
+    if name == "top_k_ef":  # the error-feedback memory is one adapter-shaped row per client
+        assert tree_size_bytes(state.aggregator.rows["error_feedback"].value) == C * adapter_bytes
+    if name == "secagg":
+        assert float(metrics["secagg_failed"]) == 0.0
+    if name == "fedadam":  # Adam's moments are adapter-shaped: mu and nu, d scalars each
+        moments = [x for x in jax.tree.leaves(state.opt_state) if np.ndim(x) > 0]
+        assert sum(np.size(x) for x in moments) == 2 * d
 
 
 # ------------------------------------------------------------------------------ the pitfall
