@@ -227,7 +227,7 @@ class HostStore:
             row = a.itemsize * int(np.prod(a.shape[1:]))
             with open(os.path.join(self.path, f"{name}.bin"), "r+b") as f:
                 f.seek(start * row)
-                f.write(r.tobytes())
+                f.write(r.reshape(-1).view(np.uint8))  # the buffer itself, no bytes copy
 
 
 # ------------------------------------------------------------------------------ array_record
