@@ -164,3 +164,48 @@ def test_ditto_runs_equal_with_rows_on_disk_in_ram_and_on_device(tmp_path):
     assert not np.array_equal(  # the personal models moved
         np.asarray(jax.tree.leaves(runs["disk"][1].rows)[0]), np.asarray(jax.tree.leaves(want)[0])
     )
+
+
+def test_disk_store_reads_and_writes_files_like_a_ram_store(tmp_path):
+    """A store on disk (`pread` / `pwrite`, not the mapping) gathers and scatters as one in
+    RAM: duplicated ids keep their last row, runs and single ids, the mapping sees the
+    writes, a reopened store the same rows; touching rows adds no mapped pages."""
+    rng = np.random.default_rng(0)
+    c, spec = 4000, {"a": ((16, 8), np.float32), "b": ((3,), np.int32)}
+    disk = HostStore.create(str(tmp_path / "s"), c, spec)
+    ram = HostStore({n: np.zeros((c, *s), d) for n, (s, d) in spec.items()})
+    full = {n: rng.normal(size=(c, *s)).astype(d) for n, (s, d) in spec.items()}
+    for store in (disk, ram):
+        store.write_rows(0, full)
+    for ids in ([5, 6, 7, 100, 3999, 6, 0], [17], list(range(50, 90)), []):
+        ids = np.asarray(ids, np.int64)
+        rows = {n: rng.normal(size=(ids.size, *s)).astype(d) for n, (s, d) in spec.items()}
+        for store in (disk, ram):
+            store.scatter(ids, rows)
+        probe = np.array([0, 6, 17, 60, 3999, 1234, 6])
+        for n in spec:
+            np.testing.assert_array_equal(disk.gather(probe)[n], ram.gather(probe)[n])
+            np.testing.assert_array_equal(np.asarray(disk.arrays[n]), ram.arrays[n])
+    disk.flush()
+    again = HostStore.open(str(tmp_path / "s"))
+    for n in spec:
+        np.testing.assert_array_equal(np.asarray(again.arrays[n]), ram.arrays[n])
+    mapped = HostStore.create(str(tmp_path / "t"), c, spec)
+    mapped.write_rows(0, full)
+    before = _mapped_kib(str(tmp_path / "t"))
+    ids = np.arange(0, c, 40)
+    mapped.scatter(ids, mapped.gather(ids))
+    assert _mapped_kib(str(tmp_path / "t")) == before == 0
+
+
+def _mapped_kib(path):
+    """Resident kB of this process's mappings of files under `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line
+                inside = len(head) >= 6 and head[5].startswith(path)
+            elif inside and head[0] == "Rss:":
+                total += int(head[1])
+    return total

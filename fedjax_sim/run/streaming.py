@@ -175,7 +175,7 @@ def _source_info(source: ClientStore | Population) -> tuple[int, int, np.ndarray
 
 
 # ------------------------------------------------------------------------------ state rows
-INIT_BLOCK_BYTES = 16 * 2**20  # host rows: `algorithm.init`'s rows computed this much at a time
+INIT_BLOCK_BYTES = 4 * 2**20  # host rows: `algorithm.init`'s rows computed this much at a time
 
 
 @dataclasses.dataclass
