@@ -532,6 +532,23 @@ TABLES: dict[str, Table] = {
         suites=("state_rows",),
         where=donation,
     ),
+    "personal_rows_scale": Table(
+        [
+            ("population C", key("clients")),
+            ("s/round (median chunk / 3)", key("s_per_round")),
+            ("peak RSS MiB", key("peak_rss_mib")),
+            ("RSS after imports MiB", key("rss_after_imports_mib")),
+            ("rows on disk MB", lambda r: num(r["rows_bytes"] / 1e6)),
+            ("first chunk s (compile)", key("first_chunk_s")),
+            ("wait for rows s", lambda r: num(r["streaming"]["stall_seconds"])),
+            ("write-back s", lambda r: num(r["streaming"]["writeback_seconds"])),
+        ],
+        summary=lambda s, rows: (
+            f"{s['clients'][1]:,} vs {s['clients'][0]:,} clients: peak RSS "
+            f"{times(s['peak_rss_ratio'])}, s/round {times(s['s_per_round_ratio'])}, rows on "
+            f"disk {times(s['rows_bytes_ratio'])}."
+        ),
+    ),
     "client_map_auto": Table(
         [
             ("workload", key("workload")),
