@@ -486,7 +486,9 @@ def simulate_streamed(
     asynchronous read models and memories):
     - `state_rows="device"`: `[C, ...]` in the algorithm state on device.
     - `state_rows="host"`: `[C, ...]` in a `HostStore` (NumPy; memory-mapped files under
-      `rows_dir` if given; `algorithm.init` builds them once in host RAM). The background
+      `rows_dir` if given, read and written with `pread` / `pwrite`; `algorithm.init`'s
+      rows are written a block at a time, `init_blocks`: host memory O(block), not
+      O(C x row), with rows on disk). The background
       thread gathers the rows of the union of each chunk's cohorts (padded with other
       clients to `U = min(C, T x M)` rows, one compiled shape) and the chunk runs on a
       state whose `Rows` are tables `[U, ...]` (read and written by real client id; keys
