@@ -87,6 +87,11 @@ BENCH: list[Column] = [
 PEAK: Column = ("matmul peak GFLOP/s", lambda r: num(r.get("peak_flops_per_s", 0) / 1e9 or None))
 
 
+def per_round_ms(name: str) -> Callable[[Row], str]:
+    """`streaming[name]` (seconds over a run, its last repeat) in ms per round."""
+    return lambda r: num(r["streaming"][name] / r["rounds"] * 1e3)
+
+
 def find(rows: list[Row], label: str) -> Row | None:
     return next((r for r in rows if r["label"] == label), None)
 
@@ -568,6 +573,22 @@ TABLES: dict[str, Table] = {
         ],
         suites=("state_rows",),
         where=donation,
+    ),
+    "personal_rows_scale": Table(
+        [
+            ("population C", key("clients")),
+            ("s/round (median chunk / 3)", key("s_per_round")),
+            ("peak RSS MiB", key("peak_rss_mib")),
+            ("RSS after imports MiB", key("rss_after_imports_mib")),
+            ("rows on disk MB", lambda r: num(r["rows_bytes"] / 1e6)),
+            ("first chunk s (compile)", key("first_chunk_s")),
+            ("wait for data ms/round", per_round_ms("stall_seconds")),
+            ("write-back ms/round (overlapped)", per_round_ms("writeback_seconds")),
+        ],
+        summary=lambda s, rows: (
+            f"peak RSS {times(s['peak_rss_ratio'])}, s/round {times(s['s_per_round_ratio'])}, "
+            f"rows on disk {times(s['rows_bytes_ratio'])}."
+        ),
     ),
     "client_map_auto": Table(
         [

@@ -75,7 +75,11 @@ class HostStore:
 
     `gather(ids)` returns `{name: [len(ids), ...]}` copies (ids are read in sorted order for
     disk locality); `scatter(ids, rows)` writes rows back (in place; a memmap opened with
-    `mode="r+"` writes through to disk).
+    `mode="r+"` writes through to disk). The rows of a store on disk (`create` / `open`) are
+    read and written with `pread` / `pwrite` on its files, not through the mapping: mapped
+    pages count in the process's resident set, and the kernel maps whole read-ahead windows
+    around every touched row (measured: 150 rows of 9.6 kB gathered through the mapping of a
+    fresh 964 MB file added 211 MB of resident memory).
     """
 
     def __init__(self, arrays: dict[str, np.ndarray], path: str | None = None):
@@ -121,7 +125,7 @@ class HostStore:
         sorted_ids = ids[order]
         out = {}
         for name, a in self.arrays.items():
-            if self.path is not None and isinstance(a, np.memmap) and a.mode == "r":
+            if self._on_file(a):
                 rows = self._pread(name, a, sorted_ids)
             else:
                 rows = np.take(a, sorted_ids, axis=0)
@@ -132,17 +136,26 @@ class HostStore:
             out[name] = rows
         return out
 
+    def _on_file(self, a: np.ndarray) -> bool:
+        """Whether `a` is this store's file, shared with the mapping (not copy-on-write)."""
+        return self.path is not None and isinstance(a, np.memmap) and a.mode != "c"
+
+    @staticmethod
+    def _runs(sorted_ids: np.ndarray) -> list[tuple[int, int]]:
+        """`(start, end)` positions of the runs of consecutive ids in `sorted_ids`."""
+        breaks = np.flatnonzero(np.diff(sorted_ids) != 1) + 1
+        starts = np.concatenate([[0], breaks])
+        ends = np.concatenate([breaks, [sorted_ids.size]])
+        return list(zip(starts.tolist(), ends.tolist(), strict=True))
+
     def _pread(self, name: str, a: np.memmap, sorted_ids: np.ndarray) -> np.ndarray:
         """Rows `a[sorted_ids]` read from the file, one `pread` per run of consecutive ids."""
         row = a.itemsize * int(np.prod(a.shape[1:]))
         out = np.empty((sorted_ids.size, *a.shape[1:]), a.dtype)
         buf = out.reshape(-1).view(np.uint8)
-        breaks = np.flatnonzero(np.diff(sorted_ids) != 1) + 1
-        starts = np.concatenate([[0], breaks])
-        ends = np.concatenate([breaks, [sorted_ids.size]])
         fd = os.open(os.path.join(self.path, f"{name}.bin"), os.O_RDONLY)
         try:
-            for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+            for s, e in self._runs(sorted_ids):
                 view = memoryview(buf[s * row : e * row])
                 got = os.preadv(fd, [view], int(sorted_ids[s]) * row)
                 if got != (e - s) * row:
@@ -162,7 +175,30 @@ class HostStore:
                 raise ValueError(
                     f"rows[{name!r}] has shape {r.shape}, expected {(ids.size, *a.shape[1:])}"
                 )
-            a[ids] = r.astype(a.dtype, copy=False)
+            if self._on_file(a):
+                self._pwrite(name, a, ids, r)
+            else:
+                a[ids] = r.astype(a.dtype, copy=False)
+
+    def _pwrite(self, name: str, a: np.memmap, ids: np.ndarray, rows: np.ndarray) -> None:
+        """`a[ids] = rows` written to the file (the last row of a duplicated id), one
+        `pwrite` per run of consecutive ids."""
+        if ids.size == 0:
+            return
+        last = ids.size - 1 - np.unique(ids[::-1], return_index=True)[1]  # sorted ids
+        sorted_ids = ids[last]
+        rows = np.ascontiguousarray(rows[last].astype(a.dtype, copy=False))
+        row = a.itemsize * int(np.prod(a.shape[1:]))
+        buf = rows.reshape(-1).view(np.uint8)
+        fd = os.open(os.path.join(self.path, f"{name}.bin"), os.O_WRONLY)
+        try:
+            for s, e in self._runs(sorted_ids):
+                view = memoryview(buf[s * row : e * row])
+                done = os.pwritev(fd, [view], int(sorted_ids[s]) * row)
+                if done != (e - s) * row:
+                    raise OSError(f"short write to {name}.bin: {done} of {(e - s) * row} bytes")
+        finally:
+            os.close(fd)
 
     def flush(self) -> None:
         for a in self.arrays.values():
@@ -227,7 +263,7 @@ class HostStore:
             row = a.itemsize * int(np.prod(a.shape[1:]))
             with open(os.path.join(self.path, f"{name}.bin"), "r+b") as f:
                 f.seek(start * row)
-                f.write(r.tobytes())
+                f.write(r.reshape(-1).view(np.uint8))  # the buffer itself, no bytes copy
 
 
 # ------------------------------------------------------------------------------ array_record

@@ -175,6 +175,92 @@ def _source_info(source: ClientStore | Population) -> tuple[int, int, np.ndarray
 
 
 # ------------------------------------------------------------------------------ state rows
+INIT_BLOCK_BYTES = 4 * 2**20  # host rows: `algorithm.init`'s rows computed this much at a time
+
+
+@dataclasses.dataclass
+class InitBlocks:
+    """`algorithm.init(params, key)` with its `Rows` computed in blocks of rows (see
+    `init_blocks`): `nodes` the state flattened down to its `Rows` (non-row nodes as arrays
+    on the host CPU, `Rows` of `jax.ShapeDtypeStruct`), `spec` the `[C, ...]` shape of each
+    row leaf by store name (`leaf{node}_{leaf}`, flat order), `block` rows per block."""
+
+    nodes: list
+    treedef: Any
+    spec: dict[str, jax.ShapeDtypeStruct]
+    block: int
+    temp_bytes: int | None  # the compiled block function's scratch memory (None: unknown)
+    _rows: Callable[[Any], list]
+
+    def blocks(self):
+        """`(start, {name: rows [start, start + K)})` covering all C rows in order (the last
+        block may start before the previous one ends: the same rows again)."""
+        c = next(iter(self.spec.values())).shape[0]
+        for start in range(0, c, self.block):
+            start = min(start, c - self.block)
+            rows = self._rows(np.int32(start))
+            yield start, {n: np.asarray(r) for n, r in zip(self.spec, rows, strict=True)}
+
+
+def init_blocks(
+    algorithm: Algorithm, params: Any, key: jax.Array, c: int, block_bytes: int = INIT_BLOCK_BYTES
+) -> InitBlocks:
+    """`algorithm.init(params, key)` without its `[C, ...]` rows in memory: the state's
+    structure from `jax.eval_shape`, its non-row part from one compiled function (the rows
+    are dead code there) and the rows from another that returns rows `[start, start + B)`
+    (`lax.dynamic_slice` of the init's rows; B from `block_bytes`). Rows that `init`
+    broadcasts from one row (every hook row, memory and read model) are then computed B at
+    a time: XLA turns a slice of a broadcast into a smaller broadcast, so the block function
+    needs no `[C, ...]` buffer. If its compiled scratch memory shows it does (rows that XLA
+    cannot slice through), B is C: one block, the rows in memory once. The values are those
+    of `algorithm.init` either way. Runs on the host CPU."""
+    cpu = jax.devices("cpu")[0]
+    params, key = jax.device_put((params, key), cpu)
+    shapes = jax.eval_shape(algorithm.init, params, key)
+    nodes, treedef = jax.tree.flatten(shapes, is_leaf=is_rows)
+    if not any(is_rows(n) for n in nodes):
+        raise ValueError(
+            'state_rows="host": the algorithm keeps no per-client rows (no core.rows.Rows '
+            "in its state)"
+        )
+    spec = {
+        f"leaf{i}_{j}": a
+        for i, n in enumerate(nodes)
+        if is_rows(n)
+        for j, a in enumerate(jax.tree.leaves(n.value))
+    }
+    for name, a in spec.items():
+        if a.shape[:1] != (c,):
+            raise ValueError(f"state row {name} has shape {a.shape}, expected [{c}, ...]")
+    row_bytes = sum(a.dtype.itemsize * int(np.prod(a.shape[1:])) for a in spec.values())
+    block = max(1, min(c, block_bytes // max(1, row_bytes)))
+
+    def split(p, k):
+        return treedef.flatten_up_to(algorithm.init(p, k))
+
+    def rest(p, k):
+        return [None if is_rows(n) else n for n in split(p, k)]
+
+    def rows(p, k, start, size):
+        leaves = [a for n in split(p, k) if is_rows(n) for a in jax.tree.leaves(n.value)]
+        return [lax.dynamic_slice_in_dim(a, start, size) for a in leaves]
+
+    def compile_rows(size):
+        fn = functools.partial(rows, size=size)
+        compiled = jax.jit(fn).lower(params, key, np.int32(0)).compile()
+        analysis = compiled.memory_analysis()
+        return compiled, None if analysis is None else int(analysis.temp_size_in_bytes)
+
+    with jax.default_device(cpu):
+        compiled, temp = compile_rows(block)
+        if block < c and temp is not None and temp > 2 * block * row_bytes + 2**20:
+            compiled, temp = compile_rows(c)  # XLA could not slice the init's rows: one block
+            block = c
+        rest_nodes = jax.jit(rest)(params, key)
+    nodes = [n if is_rows(n) else r for n, r in zip(nodes, rest_nodes, strict=True)]
+    return InitBlocks(nodes, treedef, spec, block, temp, functools.partial(compiled, params, key))
+
+
 @jax.jit
 def _patch(table: list, slots: jax.Array, prev: list, prev_slots: jax.Array) -> list:
     """Rows `table [U, ...]` of clients `slots [U]`, with those the previous chunk holds
@@ -224,40 +310,28 @@ class _RowStore:
 
     @classmethod
     def init(
-        cls, algorithm: Algorithm, params: Any, key: jax.Array, c: int, path: str | None
+        cls,
+        algorithm: Algorithm,
+        params: Any,
+        key: jax.Array,
+        c: int,
+        path: str | None,
+        block_bytes: int = INIT_BLOCK_BYTES,
     ) -> _RowStore:
         """The initial state built on the host CPU (its rows never reach the device); rows
-        in RAM, or in memory-mapped files under `path`."""
-        if jax.default_backend() == "cpu":
-            state = algorithm.init(params, key)
-        else:  # on the host CPU, not in device memory
-            cpu = jax.devices("cpu")[0]
-            with jax.default_device(cpu):
-                state = algorithm.init(jax.device_put(params, cpu), jax.device_put(key, cpu))
-        nodes, treedef = jax.tree.flatten(state, is_leaf=is_rows)
-        if not any(is_rows(n) for n in nodes):
-            raise ValueError(
-                'state_rows="host": the algorithm keeps no per-client rows (no core.rows.Rows '
-                "in its state)"
-            )
-        rows = {
-            f"leaf{i}_{j}": np.array(a)
-            for i, n in enumerate(nodes)
-            if is_rows(n)
-            for j, a in enumerate(jax.tree.leaves(n.value))
-        }
-        for name, a in rows.items():
-            if a.shape[0] != c:
-                raise ValueError(f"state row {name} has shape {a.shape}, expected [{c}, ...]")
-        if path is None:
-            store = HostStore(rows)
+        in RAM, or in memory-mapped files under `path`, written block by block
+        (`init_blocks`: host memory O(block), not O(C x row), when the rows go to disk)."""
+        init = init_blocks(algorithm, params, key, c, block_bytes)
+        spec = {n: (s.shape[1:], s.dtype) for n, s in init.spec.items()}
+        if path is None:  # the C rows once (no second copy of them)
+            store = HostStore({n: np.empty((c, *shape), dt) for n, (shape, dt) in spec.items()})
         else:
-            spec = {n: (a.shape[1:], a.dtype) for n, a in rows.items()}
             store = HostStore.create(path, c, spec)
-            store.write_rows(0, rows)
+        for start, rows in init.blocks():
+            store.write_rows(start, rows)
         device = jax.devices()[0]
-        nodes = [n if is_rows(n) else jax.device_put(n, device) for n in nodes]
-        return cls(store, treedef, nodes, c)
+        nodes = [n if is_rows(n) else jax.device_put(n, device) for n in init.nodes]
+        return cls(store, init.treedef, nodes, c)
 
     def _with_rows(self, state: Any, rows: list) -> Any:
         """`state` with its `Rows` replaced by `rows` (in flat order)."""
@@ -412,7 +486,9 @@ def simulate_streamed(
     asynchronous read models and memories):
     - `state_rows="device"`: `[C, ...]` in the algorithm state on device.
     - `state_rows="host"`: `[C, ...]` in a `HostStore` (NumPy; memory-mapped files under
-      `rows_dir` if given; `algorithm.init` builds them once in host RAM). The background
+      `rows_dir` if given, read and written with `pread` / `pwrite`; `algorithm.init`'s
+      rows are written a block at a time, `init_blocks`: host memory O(block), not
+      O(C x row), with rows on disk). The background
       thread gathers the rows of the union of each chunk's cohorts (padded with other
       clients to `U = min(C, T x M)` rows, one compiled shape) and the chunk runs on a
       state whose `Rows` are tables `[U, ...]` (read and written by real client id; keys
