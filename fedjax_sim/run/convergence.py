@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sim.data.federated import Batch
 from fedjax_sim.models.base import Model
+from fedjax_sim.run.evaluation import client_stats
 from fedjax_sim.runtime.parallel import ClientMap
 
 
@@ -32,12 +32,7 @@ def pooled_accuracy(
     """`(pooled accuracy, per-client accuracy [C])` of `params` on padded clients
     `x [C, N_max, ...]`; pooled = `sum_i (N_i / N) acc_i` (clients without data: acc 0, weight
     0)."""
-    n_max = x.shape[1]
-
-    def one(xc, yc, n):
-        return model.evaluate(params, Batch(xc, yc, (jnp.arange(n_max) < n).astype(jnp.float32)))
-
-    stats = client_map.map(one, x, y, counts)
+    stats = client_stats(model, params, x, y, counts, client_map)
     per_client = stats["correct"] / jnp.maximum(stats["count"], 1.0)
     pooled = jnp.sum(stats["correct"]) / jnp.maximum(jnp.sum(stats["count"]), 1.0)
     return pooled, per_client

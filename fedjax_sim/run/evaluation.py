@@ -63,13 +63,16 @@ def client_stats(
 ) -> dict[str, jax.Array]:
     """`[C]` sums over each client's valid rows of the global model's `loss`, `correct` and
     `count` (`Model.evaluate` per client)."""
-    n_max = x.shape[1]
+    return client_map.map(lambda xc, yc, n: evaluate_client(model, params, xc, yc, n), x, y, counts)
 
-    def one(xc, yc, n):
-        mask = (jnp.arange(n_max) < n).astype(jnp.float32)
-        return model.evaluate(params, Batch(xc, yc, mask))
 
-    return client_map.map(one, x, y, counts)
+def evaluate_client(
+    model: Model, params: Any, x: jax.Array, y: jax.Array, count: jax.Array
+) -> dict[str, jax.Array]:
+    """`Model.evaluate` sums of `params` on one client's first `count` rows of its padded
+    `x [N_max, ...]`, `y [N_max]`."""
+    mask = (jnp.arange(x.shape[0]) < count).astype(jnp.float32)
+    return model.evaluate(params, Batch(x, y, mask))
 
 
 def client_summary(
@@ -127,7 +130,7 @@ def personal_stats(
     x, y, counts = data.x_test, data.y_test, data.test_counts
     if personalize is None:
         return client_stats(model, state.params, x, y, counts, client_map)
-    c, n_max = data.num_clients, x.shape[1]
+    c = data.num_clients
     _, chunk = client_map.resolve(c)
     blocks = -(-c // chunk)
     ids = (jnp.arange(blocks * chunk) % c).reshape(blocks, chunk)  # padding: dropped below
@@ -135,10 +138,7 @@ def personal_stats(
     def block(ids):
         params = personalize(state, data, ids, key)
 
-        def one(p, i):
-            mask = (jnp.arange(n_max) < counts[i]).astype(jnp.float32)
-            return model.evaluate(p, Batch(x[i], y[i], mask))
-
+        one = lambda p, i: evaluate_client(model, p, x[i], y[i], counts[i])
         return jax.vmap(one)(params, ids)
 
     stats = lax.map(block, ids)
