@@ -8,6 +8,7 @@ import math
 import os
 import struct
 
+import jax
 import numpy as np
 import pytest
 
@@ -55,7 +56,23 @@ BAD_TRACE = "client,speed,uplink,downlink,period,session,phase,dropout\n0,-1,1,1
             + ["--round-trip-latency", "-1"],
             "--round-trip-latency must be >= 0",
         ),
-        (["--algorithm", "fedbuff", "--device-model", "phones"], "asynchronous"),
+        (
+            ["--algorithm", "fedbuff", "--device-model", "phones", "--deadline", "30"],
+            "--deadline is not used by fedbuff (asynchronous: no rounds to wait for",
+        ),
+        (
+            ["--algorithm", "area", "--device-model", "phones", "--over-selection", "1.3"],
+            "--over-selection is not used by area (asynchronous",
+        ),
+        (
+            ["--algorithm", "fedbuff", "--device-model", "phones", "--local-epochs", "1"],
+            "--device-model with fedbuff needs --local-steps",
+        ),
+        (
+            ["--algorithm", "fedbuff", "--device-model", "phones"]
+            + ["--hparams", "firing_probability=0.2"],
+            "--hparams firing_probability is not used with --device-model",
+        ),
     ],
 )
 def test_bad_device_flags_refused_up_front(tmp_path, monkeypatch, capsys, args, message):
@@ -144,3 +161,32 @@ def test_cli_streamed_population_with_over_selection(tmp_path, capsys):
     history = json.loads((out / "history.json").read_text())
     assert history["metrics"]["participants"] == [10, 10]
     assert "virtual hours" in capsys.readouterr().out
+
+
+def test_cli_asynchronous_preset_fires_from_the_device_model(tmp_path, capsys):
+    """FedBuff on the clock: its events are `event_model` of the flags' profiles (one model
+    down and up per delivery, --local-steps, the preset's buffer), and History's
+    virtual-time column is the event engine's time in seconds."""
+    from fedjax_sim.algorithms.device_model import event_model, named_profiles
+    from fedjax_sim.app.config import _model
+    from fedjax_sim.data.federated import tree_size_bytes
+
+    cfg = RunConfig(algorithm="fedbuff", device_model="bundled", local_steps=2, num_clients=20)
+    explicit = {"algorithm", "device_model", "local_steps", "num_clients"}
+    model = _model(cfg, (64,), 10)
+    events = algorithm_kwargs(cfg, explicit, model=model)["events"]
+    size = tree_size_bytes(model.init(jax.random.key(0)))
+    expected = event_model(
+        named_profiles("bundled", seed=cfg.seed), 20, steps=2, bytes_down=size, bytes_up=size
+    )
+    np.testing.assert_array_equal(events.arrivals.values, expected.arrivals.values)
+    assert events.arrivals.dt == expected.arrivals.dt and events.virtual_clock
+    assert events.aggregation.delta == 4  # fedbuff's buffer_size
+    out = tmp_path / "async"
+    args = ["run", "--algorithm", "fedbuff", "--rounds", "3", "--eval-every", "1"]
+    args += ["--num-clients", "20", "--local-steps", "2", "--no-progress", "--out", str(out)]
+    assert main([*args, "--device-model", "bundled"]) == 0
+    history = json.loads((out / "history.json").read_text())
+    times = np.array(history["metrics"]["virtual_time"], float)
+    np.testing.assert_allclose(times, expected.arrivals.dt * np.arange(1, 4), rtol=1e-6)
+    assert f"{times[-1] / 3600.0:.4g} virtual hours after 3 rounds" in capsys.readouterr().out

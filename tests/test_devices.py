@@ -316,6 +316,9 @@ def test_event_model_fires_from_the_profiles(x64):
     alg = fedbuff(model.loss, events=events, local=LocalSpec(steps=2))
     _, metrics = run(alg, data, rounds=3)
     np.testing.assert_allclose([m["t"] for m in metrics], events.arrivals.dt * np.arange(1, 4))
+    assert [m["virtual_time"] for m in metrics] == [m["t"] for m in metrics]  # seconds
+    plain = fedbuff(model.loss, num_clients=12, local=LocalSpec(steps=2))
+    assert "virtual_time" not in run(plain, data, rounds=1)[1][0]  # Bernoulli: iterations
     with pytest.raises(ValueError, match="steps"):
         event_model(TraceProfiles(tab), 12, steps=0, bytes_down=1.0, bytes_up=1.0)
 

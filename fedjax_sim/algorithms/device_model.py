@@ -599,4 +599,6 @@ def event_model(
         on = np.minimum(p.session / p.period, 1.0)
         windows = Availability.periodic(p.period, on, p.phase, num_clients=num_clients)
     aggregation = Aggregation() if aggregation is None else aggregation
-    return Events(arrivals, aggregation, availability=windows, capacity=capacity)
+    return Events(
+        arrivals, aggregation, availability=windows, capacity=capacity, virtual_clock=True
+    )

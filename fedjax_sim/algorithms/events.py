@@ -406,6 +406,9 @@ class Events:
         categorical mode, else `min(C, ceil(m + 6 sqrt(m) + 8))` with m = sum_i p_i the
         expected number of due clients. None: all C slots (reference "compute all, mask").
       histogram_bins: bins of the log2 staleness histograms in the metrics (0: none).
+      virtual_clock: the simulated time is a device model's virtual seconds
+        (`device_model.event_model` sets it): the metrics add `virtual_time`, History's
+        virtual-time column.
     """
 
     arrivals: Arrivals
@@ -413,6 +416,7 @@ class Events:
     availability: Availability | None = None
     capacity: int | Literal["auto"] | None = "auto"
     histogram_bins: int = 8
+    virtual_clock: bool = False
 
     def __post_init__(self):
         c = self.arrivals.num_clients
@@ -611,7 +615,8 @@ class Events:
         )
 
     def metrics(self, tick: Tick) -> dict[str, jax.Array]:
-        """Per-iteration metrics: time, firings, overflow, staleness mean/max/histogram."""
+        """Per-iteration metrics: time, firings, overflow, staleness mean/max/histogram (and
+        `virtual_time`, the time again, with `virtual_clock`)."""
         fired = jnp.sum(tick.active).astype(jnp.int32)
         denom = jnp.maximum(fired, 1).astype(jnp.float32)
         out = {
@@ -630,6 +635,8 @@ class Events:
             for name, tau in (("tau_hist", tick.tau), ("tau_iter_hist", tick.tau_iter)):
                 onehot = jax.nn.one_hot(_bins(tau, nb), nb, dtype=jnp.int32)
                 out[name] = jnp.sum(onehot * tick.active[:, None], axis=0)
+        if self.virtual_clock:
+            out["virtual_time"] = tick.t
         return out
 
     def completion_times(self, key: jax.Array, ids: jax.Array) -> jax.Array:

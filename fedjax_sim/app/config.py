@@ -300,7 +300,7 @@ def build_run(cfg: RunConfig, mesh=None, explicit: Collection[str] | None = None
         dataset = dataset._replace(train=train)
     model = _model(cfg, dataset.feature_shape, dataset.num_classes)
     client_map = make_client_map(cfg, mesh)
-    kwargs = algorithm_kwargs(cfg, explicit, data=dataset.train, client_map=client_map)
+    kwargs = algorithm_kwargs(cfg, explicit, data=dataset.train, client_map=client_map, model=model)
     assert kwargs.keys() >= kwargs_without_data.keys()
     return dataset, model, _algorithm(cfg, model, kwargs), client_map
 
@@ -432,7 +432,7 @@ def build_streamed_run(cfg: RunConfig, explicit: Collection[str] | None = None):
     where = f"--client-store {cfg.client_store}" if cfg.population is None else "--population"
     validate.check_model_data(cfg.model, where, x_dtype, feature_shape)
     model = _model(cfg, feature_shape, source.num_classes)
-    kwargs = algorithm_kwargs(cfg, explicit, client_map=make_client_map(cfg))
+    kwargs = algorithm_kwargs(cfg, explicit, client_map=make_client_map(cfg), model=model)
     algorithm = _algorithm(cfg, model, kwargs)
     if cfg.population is None:
         test, counts = None, source.counts
@@ -656,6 +656,49 @@ def check_device_model(cfg: RunConfig, explicit: Collection[str]) -> None:
             "--round-trip-latency is paid by --secure-aggregation's extra round trips; "
             "without it the upload is one message"
         )
+
+
+ROUND_CLOCK_FLAGS = ("deadline", "late", "over_selection")  # synchronous rounds only
+
+
+def check_device_events(cfg: RunConfig, kwargs: dict[str, Any]) -> None:
+    """UsageError for an asynchronous preset's flags that a device model cannot time."""
+    if kwargs["local"].epochs is not None:
+        raise UsageError(
+            f"--device-model with {cfg.algorithm} needs --local-steps (a delivery's time is "
+            "its steps / the client's speed), not --local-epochs"
+        )
+    if "firing_probability" in kwargs:
+        raise UsageError(
+            f"--hparams firing_probability is not used with --device-model ({cfg.algorithm}'s "
+            "clients fire at the device model's rates)"
+        )
+
+
+def device_events(cfg: RunConfig, model: Any, kwargs: dict[str, Any], accepted: Any):
+    """An asynchronous preset's `events` from --device-model (`device_model.event_model`):
+    each delivery downloads and uploads one model and runs --local-steps steps; the server
+    aggregates every `buffer_size` deliveries (the preset's; FedAsync, which fixes it: 1)."""
+    import jax
+
+    from fedjax_sim.algorithms.device_model import event_model
+    from fedjax_sim.algorithms.events import Aggregation
+    from fedjax_sim.data.federated import tree_size_bytes
+
+    size = tree_size_bytes(jax.eval_shape(model.init, jax.random.key(0)))
+    buffer = kwargs.get(
+        "buffer_size", accepted["buffer_size"].default if "buffer_size" in accepted else 1
+    )
+    return event_model(
+        device_profiles(cfg),
+        kwargs["num_clients"],
+        steps=kwargs["local"].steps,
+        bytes_down=size,
+        bytes_up=size,
+        aggregation=Aggregation.every(buffer),
+        availability=cfg.availability,
+        capacity=kwargs.get("capacity", "auto"),
+    )
 
 
 def device_profiles(cfg: RunConfig):
@@ -951,20 +994,25 @@ def algorithm_kwargs(
     *,
     data: Any = None,
     client_map: Any = None,
+    model: Any = None,
 ) -> dict[str, Any]:
     """The keyword arguments of `cfg.algorithm`'s factory: every concept the flags set that
     the algorithm has, `num_clients` / `data` / `client_map` where it takes them, and the
-    `--hparams`. Raises UsageError for an explicit flag the algorithm does not use, an
+    `--hparams`; for an asynchronous preset with --device-model and a `model`, its `events`
+    (`device_events`). Raises UsageError for an explicit flag the algorithm does not use, an
     unknown or ill-typed hyper-parameter."""
     factory = algorithm_factory(cfg.algorithm)
     accepted = hyper_parameters(factory)
     explicit = explicit_fields(cfg) if explicit is None else set(explicit)
+    asynchronous = "events" in accepted
     for name, concept in ALGORITHM_FLAGS.items():
-        if name in explicit and concept == "device_model" and "events" in accepted:
+        if name in explicit and asynchronous and name in ROUND_CLOCK_FLAGS:
             raise UsageError(
-                f"{flag(name)} is not used by {cfg.algorithm} (asynchronous: its clients fire "
-                "from `events`; build them with device_model.event_model in Python)"
+                f"{flag(name)} is not used by {cfg.algorithm} (asynchronous: no rounds to "
+                "wait for; its clients deliver at the device model's rates)"
             )
+        if asynchronous and concept == "device_model":
+            continue  # the device model sets the event engine's rates (`device_events`)
         if name in explicit and concept not in accepted:
             raise UsageError(
                 f"{flag(name)} is not used by {cfg.algorithm} (it has no "
@@ -994,6 +1042,10 @@ def algorithm_kwargs(
                 f"--hparams {name} not accepted by {cfg.algorithm}; it takes {sorted(accepted)}"
             )
         kwargs[name] = _check_hparam(cfg.algorithm, name, value, accepted[name])
+    if asynchronous and cfg.device_model is not None:
+        check_device_events(cfg, kwargs)
+        if model is not None:
+            kwargs["events"] = device_events(cfg, model, kwargs, accepted)
     if "graph" in accepted and kwargs.get("data") is not None and "graph" not in kwargs:
         # FedLPS' similarity graph, computed once on the host (not again inside a sweep's trace)
         from fedjax_sim.algorithms.similarity import graph_from_data

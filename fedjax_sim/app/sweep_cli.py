@@ -149,7 +149,7 @@ def build_sweep(
     whose grid hyper-parameters come from `make_algorithm(hparams)`. Every grid value is
     first built statically, so the factories' own value checks run before compiling."""
     dataset, model, _, client_map = build_run(cfg, None, explicit)
-    kwargs = algorithm_kwargs(cfg, explicit, data=dataset.train, client_map=client_map)
+    kwargs = algorithm_kwargs(cfg, explicit, data=dataset.train, client_map=client_map, model=model)
     factory = validate.algorithm_factory(cfg.algorithm)
 
     def make_algorithm(hparams: dict[str, Any]):
