@@ -190,3 +190,29 @@ def test_cli_asynchronous_preset_fires_from_the_device_model(tmp_path, capsys):
     times = np.array(history["metrics"]["virtual_time"], float)
     np.testing.assert_allclose(times, expected.arrivals.dt * np.arange(1, 4), rtol=1e-6)
     assert f"{times[-1] / 3600.0:.4g} virtual hours after 3 rounds" in capsys.readouterr().out
+
+
+def test_cli_sweep_on_the_clock(tmp_path):
+    """`sweep` takes the device flags: a synchronous preset's clock (deadline 30 s) is the
+    same at every grid point (a round's time depends on the cohort and the bytes, not on the
+    learning rate), an asynchronous preset's is the event engine's `dt` per iteration."""
+    from fedjax_sim.algorithms.device_model import event_model, named_profiles
+    from fedjax_sim.app.config import _model
+    from fedjax_sim.data.federated import tree_size_bytes
+
+    base = ["--rounds", "2", "--eval-every", "1", "--num-clients", "20", "--local-steps", "2"]
+    base += ["--no-progress", "--device-model", "bundled", "--seeds", "1"]
+    base += ["--grid", "client_lr=0.05,0.1"]
+    for algorithm, extra in (("fedavg", ["--cohort-size", "4", "--deadline", "30"]),
+                             ("fedbuff", [])):  # fmt: skip
+        out = tmp_path / algorithm
+        assert main(["sweep", *base, "--algorithm", algorithm, *extra, "--out", str(out)]) == 0
+        runs = json.loads((out / "histories.json").read_text())["runs"]
+        times = np.array([r["history"]["metrics"]["virtual_time"] for r in runs], float)
+        assert times.shape == (2, 2) and np.all(times > 0)
+        np.testing.assert_array_equal(times[0], times[1])
+    model = _model(RunConfig(), (64,), 10)  # the default MLP on digits
+    size = tree_size_bytes(model.init(jax.random.key(0)))
+    profiles = named_profiles("bundled", seed=0)
+    dt = event_model(profiles, 20, steps=2, bytes_down=size, bytes_up=size).arrivals.dt
+    np.testing.assert_allclose(times[0], dt * np.arange(1, 3), rtol=1e-6)
