@@ -40,7 +40,10 @@ def _task():
 
 
 def _flat(params):
-    return {jax.tree_util.keystr(p): np.asarray(v) for p, v in jax.tree_util.tree_leaves_with_path(params)}
+    return {
+        jax.tree_util.keystr(p): np.asarray(v)
+        for p, v in jax.tree_util.tree_leaves_with_path(params)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +106,8 @@ def test_pretrained_refusals(checkpoint, tmp_path, monkeypatch, capsys):
     _refused(capsys, [*RUN, "--pretrained", path, "--model", "mlp"], "--model transformer")
     small = transformer((8,), 16, d_model=32).init(jax.random.key(0))
     save_params(tmp_path / "small.msgpack", small)
-    _refused(capsys, [*RUN, "--pretrained", "small.msgpack"],
-             "--pretrained small.msgpack", "block_0/key/bias: checkpoint shape (32,) != model (64,)")  # fmt: skip
+    shape = "block_0/key/bias: checkpoint shape (32,) != model (64,)"  # leaf and both shapes
+    _refused(capsys, [*RUN, "--pretrained", "small.msgpack"], "--pretrained small.msgpack", shape)
     (tmp_path / "junk.msgpack").write_bytes(b"not a checkpoint")
     _refused(capsys, [*RUN, "--pretrained", "junk.msgpack"], "not a readable checkpoint")
     assert not (tmp_path / "never").exists()
@@ -154,8 +157,10 @@ def test_cli_rule_equals_the_hooks(rule, tmp_path, monkeypatch):
         (["--lora-rule", "flora", "--lora-ranks", "2", "8"], ["--lora-ranks 8 exceeds"]),
         (["--lora-rule", "flora"], ["needs --lora-ranks"]),
         (["--lora-ranks", "1", "2"], ["--lora-ranks needs --lora-rule"]),
-        (["--lora-rule", "hetlora", "--lora-ranks", "1", "--algorithm", "fedprox"],
-         ["drop --algorithm fedprox"]),  # fmt: skip
+        (
+            ["--lora-rule", "hetlora", "--lora-ranks", "1", "--algorithm", "fedprox"],
+            ["drop --algorithm fedprox"],
+        ),
         (["--lora-rule", "hetlora", "--lora-ranks", "1", "--dp-clip", "1"], ["--dp-clip"]),
         (["--lora-rule", "bogus", "--lora-ranks", "1"], ["--lora-rule"]),
     ],
