@@ -42,9 +42,21 @@ module, not `alpha / r_i`); HetLoRA's norms are of `A B` (s cancels in the weigh
 absorbed into `prune_lam`); HetLoRA with clipping or DP aggregators clips `n_i Delta_i`;
 FLoRA keeps the global A instead of drawing a fresh one each round (with B = 0 any A is a
 LoRA initialisation) and applies the products with server learning rate 1 (the server
-optimizer's step on the adapters is discarded by the reset); `bytes_up` counts the rank-r
-adapters for every client (a rank-r_i client sends `r_i / r` of them) and FLoRA's
-`bytes_down` the rank-r adapters, not the stacked ones (`sum_i r_i` ranks).
+optimizer's step on the adapters is discarded by the reset); FLoRA's `bytes_down` counts the
+rank-r adapters, not the stacked ones (`sum_i r_i` ranks).
+
+Bytes: a rank-r_i client sends its truncated modules, `r_i` columns of A and rows of B
+(`(d_in + d_out) r_i` values per module); the round's update is zero-padded on the server.
+Both hooks report `bytes_up` = the sum over the reporting clients (weight > 0) of those
+sizes (`uplink_bytes`), replacing the simulation's count of the padded rank-r tensors; the
+client's rank is not counted (the server reads it from the shapes it receives). This is the
+plain upload: an aggregator's own wire format (compression, secure aggregation, whose
+masked vectors must all have one length, the padded one; DP's clipped bit) is not in it.
+The virtual clock (`device_model`) still times every upload at the padded size.
+
+Presets (the CLI's `--lora-rule hetlora|flora --lora-ranks ...`): `hetlora_fedavg` and
+`flora_fedavg` are FedAvg (both papers' local SGD and server step) with the rule's hook;
+`client_ranks` gives client i the rank `ranks[i mod len(ranks)]`.
 """
 
 from __future__ import annotations
@@ -55,7 +67,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sim.algorithms.core import Params
+from fedjax_sim.algorithms.compose import Options, preset, synchronous
+from fedjax_sim.algorithms.core import Algorithm, LossFn, Params, Stragglers
 from fedjax_sim.algorithms.local_hook import HookContext, LocalHook, LocalOutcome, RoundSummary
 from fedjax_sim.algorithms.partition import Partition, by_path, path_name
 from fedjax_sim.core.checks import non_negative
@@ -163,6 +176,18 @@ def _padded_update(ctx: HookContext, outcome: LocalOutcome, rank: jax.Array) -> 
     return jax.tree.map(jnp.subtract, truncate(final, rank), ctx.anchor)
 
 
+def uplink_bytes(tree: Params, ranks: jax.Array, weights: jax.Array) -> jax.Array:
+    """Bytes the reporting clients (`weights > 0`) of ranks `ranks [M]` send: `(d_in + d_out)
+    r_i` values per adapted module of `tree` (a model or a view), at their dtypes' sizes."""
+    per_rank = sum(
+        m["lora_a"].shape[0] * m["lora_a"].dtype.itemsize
+        + m["lora_b"].shape[1] * m["lora_b"].dtype.itemsize
+        for m in _modules(tree).values()
+    )
+    sent = jnp.sum(jnp.where(weights > 0, ranks, 0).astype(jnp.float32))
+    return jnp.float32(per_rank) * sent
+
+
 # ------------------------------------------------------------------------------ HetLoRA
 def _safe_norm(x: jax.Array) -> jax.Array:
     return jnp.sqrt(jnp.sum(jnp.square(x)) + jnp.finfo(x.dtype).tiny)
@@ -222,9 +247,11 @@ def hetlora(
             summary.update,
             mean,
         )
-        m = summary.cohort.weights > 0
+        weights = summary.cohort.weights
+        m = weights > 0
         rank = jnp.sum(jnp.where(m, summary.outputs, 0.0)) / jnp.maximum(jnp.sum(m), 1)
-        return server, server_step(update), {"hetlora_rank": rank}
+        sent = uplink_bytes(summary.params, summary.outputs, weights)
+        return server, server_step(update), {"hetlora_rank": rank, "bytes_up": sent}
 
     return LocalHook(
         "hetlora",
@@ -232,7 +259,9 @@ def hetlora(
         init_row=(lambda view: jnp.int32(max_rank(view))) if pruning else None,
         finish=finish,
         finalize=finalize,
-        not_sent=("summand",),  # the server computes the norms from the modules it receives
+        # the server computes the norms from the modules it receives, their ranks from
+        # the shapes
+        not_sent=("summand", "output"),
     )
 
 
@@ -250,7 +279,7 @@ def flora(ranks: Sequence[int] | np.ndarray, scale: float) -> LocalHook:
         update = _padded_update(ctx, outcome, rank)
         final = jax.tree.map(jnp.add, ctx.anchor, update)
         summand = {path_key(p): scale * v for p, v in products(final).items()}
-        return ctx.row, summand, None, update
+        return ctx.row, summand, rank, update
 
     def finalize(server, summary: RoundSummary, server_step):
         if summary.model is None:
@@ -270,15 +299,53 @@ def flora(ranks: Sequence[int] | np.ndarray, scale: float) -> LocalHook:
 
         model = walk(summary.model, ())
         norm = jnp.sqrt(sum(jnp.sum(jnp.square(v)) for v in merged.values()))
-        return server, model, {"flora_merged_norm": norm}
+        sent = uplink_bytes(summary.params, summary.outputs, summary.cohort.weights)
+        return server, model, {"flora_merged_norm": norm, "bytes_up": sent}
 
     return LocalHook(
         "flora",
         direction=_masked_direction(ranks),
         finish=finish,
         finalize=finalize,
-        not_sent=("summand",),  # the server forms the products from the stacked modules
+        # the server forms the products from the stacked modules, the ranks from the shapes
+        not_sent=("summand", "output"),
     )
+
+
+# ------------------------------------------------------------------------------ presets
+def client_ranks(ranks: Sequence[int], num_clients: int) -> np.ndarray:
+    """`[C]` ranks: client i gets `ranks[i mod len(ranks)]` (the CLI's `--lora-ranks`)."""
+    return np.asarray(ranks, np.int32)[np.arange(num_clients) % len(ranks)]
+
+
+@preset(stragglers=Stragglers(policy="drop"))
+def hetlora_fedavg(
+    loss_fn: LossFn,
+    *,
+    ranks: Sequence[int] | None = None,
+    prune_lam: float = 0.0,
+    decay: float = 0.99,
+    options: Options,
+) -> Algorithm:
+    """FedAvg with HetLoRA's aggregation (`hetlora`: ranks `[C]`, `prune_lam`, `decay`);
+    the CLI's `--lora-rule hetlora`."""
+    return synchronous(loss_fn, options, hetlora(ranks, prune_lam=prune_lam, decay=decay))
+
+
+@preset(stragglers=Stragglers(policy="drop"))
+def flora_fedavg(
+    loss_fn: LossFn,
+    *,
+    ranks: Sequence[int] | None = None,
+    scale: float = 1.0,
+    options: Options,
+) -> Algorithm:
+    """FedAvg with FLoRA's stacking (`flora`: ranks `[C]`, `scale` = alpha / r); the CLI's
+    `--lora-rule flora`."""
+    return synchronous(loss_fn, options, flora(ranks, scale))
+
+
+LORA_RULES = {"hetlora": hetlora_fedavg, "flora": flora_fedavg}  # `--lora-rule` presets
 
 
 def path_key(path: tuple) -> str:
@@ -299,12 +366,17 @@ def stacked_product(a: Sequence[np.ndarray], b: Sequence[np.ndarray], weights) -
 
 
 __all__ = [
+    "LORA_RULES",
+    "client_ranks",
     "flora",
+    "flora_fedavg",
     "hetlora",
+    "hetlora_fedavg",
     "lora_partition",
     "max_rank",
     "products",
     "stacked_product",
     "tail_norm",
     "truncate",
+    "uplink_bytes",
 ]

@@ -63,6 +63,20 @@ class RunConfig:
     """LoRA scaling alpha: the adapters' output is scaled by alpha / rank (default: rank)."""
     lora_targets: tuple[str, ...] = ()
     """Projections that get adapters (query, key, value, out, mlp_in, mlp_out; default: all)."""
+    lora_rule: Literal["hetlora", "flora"] | None = None
+    """Heterogeneous LoRA ranks (with --lora-ranks; --algorithm fedavg): client i trains the
+    first --lora-ranks[i mod n] ranks of the rank --lora-rank adapters; the server aggregates
+    with HetLoRA (zero-padding, sparsity weights; --hparams prune_lam=, decay= for rank
+    self-pruning) or FLoRA (stacking, merged into the frozen base). bytes_up counts each
+    client's true rank."""
+    lora_ranks: tuple[int, ...] = ()
+    """The ranks of --lora-rule, each <= --lora-rank, assigned to clients by id modulo their
+    number (e.g. 2 4 8: clients 0, 3, 6, ... rank 2)."""
+    pretrained: str | None = None
+    """A pretrained transformer checkpoint (a flax msgpack file, `models.transformer.
+    save_params`, or an orbax checkpoint directory) as the run's initial model; with
+    --lora-rank its frozen base, the adapters at their initialisation (B = 0). Its leaves
+    and shapes must be those of the --model flags."""
     rounds: int = 200
     """Number of communication rounds."""
     cohort_size: int | None = 10
@@ -495,12 +509,44 @@ def _model(cfg: RunConfig, feature_shape: tuple[int, ...], num_classes: int):
         model_kwargs.update(lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha)
         if cfg.lora_targets:
             model_kwargs["lora_targets"] = cfg.lora_targets
-    return models.build(cfg.model, feature_shape, num_classes, **model_kwargs)
+    model = models.build(cfg.model, feature_shape, num_classes, **model_kwargs)
+    return model if cfg.pretrained is None else _pretrained(cfg.pretrained, model)
+
+
+def _pretrained(path: str, model: Any):
+    """`model` starting from the checkpoint at `path` (UsageError naming --pretrained for an
+    unreadable checkpoint or one whose leaves or shapes differ from the model's: traced by
+    `jax.eval_shape`, nothing compiled)."""
+    import jax
+
+    from fedjax_sim.models.transformer import load_params, pretrained_init
+
+    where = f"--pretrained {path}"
+    try:
+        params = load_params(path)
+    except Exception as e:  # msgpack / orbax errors of a corrupt or foreign file
+        raise UsageError(f"{where}: not a readable checkpoint ({first_line(e)})") from None
+    model = pretrained_init(model, params)
+    try:
+        jax.eval_shape(model.init, jax.random.key(0))
+    except ValueError as e:
+        raise UsageError(f"{where}: {first_line(e)}") from None
+    return model
+
+
+def run_factory(cfg: RunConfig):
+    """The factory of the run: `--algorithm`'s, or `--lora-rule`'s preset (FedAvg with the
+    rule, `algorithms.lora.LORA_RULES`)."""
+    if cfg.lora_rule is None:
+        return algorithm_factory(cfg.algorithm)
+    from fedjax_sim.algorithms.lora import LORA_RULES
+
+    return LORA_RULES[cfg.lora_rule]
 
 
 def _algorithm(cfg: RunConfig, model: Any, kwargs: dict[str, Any]):
     try:
-        return algorithm_factory(cfg.algorithm)(model.loss, **kwargs)
+        return run_factory(cfg)(model.loss, **kwargs)
     except ValueError as e:  # the preset's own range checks: name the --hparams it concerns
         named = [h for h in cfg.hparams if re.search(rf"\b{re.escape(h.split('=')[0])}\b", str(e))]
         raise UsageError(f"--hparams {' '.join(named)}: {e}" if named else str(e)) from None
@@ -728,9 +774,10 @@ def _device_model(cfg: RunConfig):
 
 def lora_summary(cfg: RunConfig, model: Any) -> str | None:
     """The run summary's words on the LoRA adapters and their size against the frozen
-    base's (None without --lora-rank)."""
+    base's, the heterogeneous ranks and the pretrained checkpoint (None without them)."""
+    start = None if cfg.pretrained is None else f"initial model from {cfg.pretrained}"
     if cfg.lora_rank is None:
-        return None
+        return start
     import jax
 
     from fedjax_sim.algorithms.lora import lora_partition
@@ -742,10 +789,14 @@ def lora_summary(cfg: RunConfig, model: Any) -> str | None:
     adapters = sum(n for n, label in zip(sizes, labels, strict=True) if label == "shared")
     base = sum(sizes) - adapters
     targets = ", ".join(cfg.lora_targets or PROJECTIONS)
-    return (
+    words = (
         f"LoRA rank {cfg.lora_rank} on {targets}: {adapters:,} adapter parameters train and "
         f"travel, {base:,} base parameters frozen ({100 * adapters / base:.2g}% of the base)"
     )
+    if cfg.lora_rule is not None:
+        ranks = " ".join(map(str, cfg.lora_ranks))
+        words += f", {cfg.lora_rule} with client i of rank ({ranks})[i mod {len(cfg.lora_ranks)}]"
+    return words if start is None else f"{words}, {start}"
 
 
 def device_summary(cfg: RunConfig) -> str | None:
@@ -946,6 +997,13 @@ def _concept_values(
         from fedjax_sim.algorithms.lora import lora_partition
 
         values["partition"] = lora_partition()
+    if cfg.lora_rule is not None:  # validate.check_lora: with --lora-rank and --lora-ranks
+        from fedjax_sim.algorithms.lora import client_ranks
+        from fedjax_sim.models.transformer import lora_scale
+
+        num_clients = cfg.num_clients if data is None else data.num_clients
+        values["ranks"] = client_ranks(cfg.lora_ranks, num_clients)
+        values["scale"] = lora_scale(cfg.lora_rank, cfg.lora_alpha)
     return values
 
 
@@ -1001,7 +1059,7 @@ def algorithm_kwargs(
     `--hparams`; for an asynchronous preset with --device-model and a `model`, its `events`
     (`device_events`). Raises UsageError for an explicit flag the algorithm does not use, an
     unknown or ill-typed hyper-parameter."""
-    factory = algorithm_factory(cfg.algorithm)
+    factory = run_factory(cfg)
     accepted = hyper_parameters(factory)
     explicit = explicit_fields(cfg) if explicit is None else set(explicit)
     asynchronous = "events" in accepted

@@ -67,6 +67,7 @@ RULES: dict[str, Range] = {
     "l2": NONNEG,
     "lora_rank": POSITIVE_INT,
     "lora_alpha": POSITIVE,
+    "lora_ranks": POSITIVE_INT,
     "mu": NONNEG,
     "local_epochs": POSITIVE,
     "straggler_fraction": Range(0, 1),
@@ -411,6 +412,41 @@ def check_lora(cfg: Any) -> None:
     bad = [t for t in getattr(cfg, "lora_targets", ()) if t not in PROJECTIONS]
     if bad:
         raise UsageError(f"--lora-targets must be among {', '.join(PROJECTIONS)}, got {bad[0]}")
+    check_lora_rule(cfg)
+    if getattr(cfg, "pretrained", None) is not None and cfg.model != "transformer":
+        raise UsageError(
+            f"--pretrained loads a transformer checkpoint: it needs --model transformer, got "
+            f"--model {cfg.model}"
+        )
+
+
+def check_lora_rule(cfg: Any) -> None:
+    """--lora-rule and --lora-ranks come together, need --lora-rank (the largest rank) and
+    run on FedAvg's local SGD and plain upload (the rule's bytes_up)."""
+    rule, ranks = getattr(cfg, "lora_rule", None), getattr(cfg, "lora_ranks", ())
+    if rule is None:
+        if ranks:
+            raise UsageError("--lora-ranks needs --lora-rule hetlora or flora (the aggregation)")
+        return
+    if not ranks:
+        raise UsageError(f"--lora-rule {rule} needs --lora-ranks (the clients' ranks)")
+    if cfg.lora_rank is None:
+        raise UsageError(f"--lora-rule {rule} needs --lora-rank (the adapters' largest rank)")
+    if max(ranks) > cfg.lora_rank:
+        raise UsageError(
+            f"--lora-ranks {max(ranks)} exceeds --lora-rank {cfg.lora_rank} (the adapters' rank)"
+        )
+    if cfg.algorithm != "fedavg":
+        raise UsageError(
+            f"--lora-rule {rule} runs on FedAvg (its paper's local SGD and server step); "
+            f"drop --algorithm {cfg.algorithm}"
+        )
+    for name in ("secure_aggregation", "dp_clip"):
+        if getattr(cfg, name, None):
+            raise UsageError(
+                f"--lora-rule {rule} counts the plain upload of each client's rank (bytes_up); "
+                f"drop {flag(name)}"
+            )
 
 
 def check_unseen(cfg: Any) -> None:
@@ -441,6 +477,9 @@ def check_run(cfg: Any, max_virtual_devices: int | None = None) -> str:
     """All checks of a run config that need neither data nor a device (`check_config`, the
     output folder); returns the output folder."""
     check_config(cfg, max_virtual_devices)
+    pretrained = getattr(cfg, "pretrained", None)
+    if pretrained is not None and not os.path.exists(pretrained):
+        raise UsageError(f"--pretrained {pretrained}: no such file or folder")
     algorithm = cfg.algorithm.replace(":", ".")  # a user's module:factory
     out = format_out(
         cfg.out, algorithm=algorithm, dataset=data_name(cfg), settings=settings_tag(cfg)

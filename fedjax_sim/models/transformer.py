@@ -19,11 +19,12 @@ folds the adapters back into the kernels (`W + (alpha / r) A B`). Which leaves t
 travel is a `Partition` (`algorithms.lora.lora_partition`: adapters shared, the rest frozen).
 
 Checkpoints: `save_params` writes a flax msgpack file (`flax.serialization`); `load_params`
-reads it, or an orbax checkpoint directory.
+reads it, or an orbax checkpoint directory; `pretrained_init` makes a model start from one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Sequence
@@ -213,6 +214,14 @@ def with_pretrained(params: Params, pretrained: Params) -> Params:
         return jnp.asarray(given[n], jnp.result_type(leaf)) if n in given else leaf
 
     return jax.tree_util.tree_map_with_path(pick, params)
+
+
+def pretrained_init(model: Model, pretrained: Params) -> Model:
+    """`model` whose `init(key)` is `with_pretrained(model.init(key), pretrained)`: a run
+    (`simulate`, the CLI's `--pretrained`) starts from the checkpoint, the LoRA adapters at
+    their initialisation. The checks of `with_pretrained` run when `init` is traced."""
+    init = model.init
+    return dataclasses.replace(model, init=lambda key: with_pretrained(init(key), pretrained))
 
 
 def _name(path: tuple) -> str:

@@ -1,0 +1,203 @@
+"""Federated LoRA from the command line (issue 39): `--pretrained` (a user's checkpoint as the
+run's initial model, bit for bit, and its refusals), `--lora-rule hetlora|flora` with
+`--lora-ranks` (the CLI run equals the run built from the hooks; bad values refused up
+front), and `bytes_up` of heterogeneous ranks: each client's true rank, derived here from
+the shapes."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from fedjax_sim import data
+from fedjax_sim.algorithms.client_work import ClientWork
+from fedjax_sim.algorithms.compose import compose
+from fedjax_sim.algorithms.core import CohortSpec, LocalSpec, Stragglers
+from fedjax_sim.algorithms.local_hook import chain
+from fedjax_sim.algorithms.lora import flora, hetlora, lora_partition
+from fedjax_sim.app import validate
+from fedjax_sim.app.cli import main
+from fedjax_sim.app.config import RunConfig, build_run
+from fedjax_sim.core.checks import UsageError
+from fedjax_sim.models import transformer
+from fedjax_sim.models.transformer import lora_scale, save_params
+from fedjax_sim.run.differentiate import initial_params
+from fedjax_sim.run.evaluation import evaluate_central
+from fedjax_sim.run.simulate import EvalSpec, simulate
+from fedjax_sim.runtime.parallel import ClientMap
+
+C, M, ROUNDS, STEPS, BATCH = 4, 2, 2, 1, 4
+RUN = ["run", "--dataset", "markov_tokens", "--model", "transformer", "--num-clients", str(C)]
+RUN += ["--cohort-size", str(M), "--rounds", str(ROUNDS), "--eval-every", str(ROUNDS)]
+RUN += ["--local-steps", str(STEPS), "--batch-size", str(BATCH), "--client-map", "vmap"]
+RUN += ["--no-progress"]
+
+
+def _task():
+    train, test = data.load("markov_tokens", num_clients=C, seed=0)[:2]
+    return train, test
+
+
+def _flat(params):
+    return {
+        jax.tree_util.keystr(p): np.asarray(v)
+        for p, v in jax.tree_util.tree_leaves_with_path(params)
+    }
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A base transformer of the CLI's sizes, trained away from its initialisation (so a
+    fresh init could not pass for it), saved as a flax msgpack file."""
+    train, _ = _task()
+    base = transformer(train.x.shape[2:], int(np.max(train.y)) + 1)
+    params = base.init(jax.random.key(123))
+    params = jax.tree.map(lambda w: w + 0.01 * np.arange(w.size).reshape(w.shape) % 0.3, params)
+    path = tmp_path_factory.mktemp("ckpt") / "base.msgpack"
+    save_params(path, params)
+    return str(path), params
+
+
+# ------------------------------------------------------------------------------ --pretrained
+@pytest.mark.parametrize("lora_rank", [None, 2])
+def test_pretrained_is_the_initial_model_bit_for_bit(checkpoint, lora_rank):
+    path, saved = checkpoint
+    cfg = RunConfig(dataset="markov_tokens", model="transformer", num_clients=C, cohort_size=M,
+                    pretrained=path, lora_rank=lora_rank)  # fmt: skip
+    _, model, _, _ = build_run(cfg)
+    start = _flat(initial_params(model, jax.random.key(cfg.seed)))  # what `simulate` starts from
+    for k, v in _flat(saved).items():
+        assert start[k].dtype == v.dtype
+        np.testing.assert_array_equal(start[k], v, err_msg=k)
+    adapters = {k: v for k, v in start.items() if "lora_" in k}
+    assert bool(adapters) == (lora_rank is not None)
+    assert all(not v.any() for k, v in adapters.items() if "lora_b" in k)  # starts as the base
+
+
+def test_pretrained_run_end_to_end(checkpoint, tmp_path, monkeypatch, capsys):
+    """The CLI run with LoRA on the checkpoint: its round-0 evaluation is the saved base
+    model's (B = 0: the LoRA model computes the base exactly)."""
+    path, saved = checkpoint
+    monkeypatch.chdir(tmp_path)
+    assert main([*RUN, "--lora-rank", "2", "--pretrained", path, "--out", "out"]) == 0
+    assert f"initial model from {path}" in capsys.readouterr().out
+    hist = json.loads((tmp_path / "out" / "history.json").read_text())
+    assert hist["meta"]["config"]["pretrained"] == path
+    train, test = _task()
+    base = transformer(train.x.shape[2:], int(np.max(train.y)) + 1)
+    first = hist["eval"][0]
+    assert first["round"] == 0
+    expected = evaluate_central(base, saved, test)
+    for name in ("test_loss", "test_accuracy"):
+        assert first[name] == pytest.approx(float(expected[name]), rel=1e-6), name
+
+
+def _refused(capsys, args, *words):
+    assert main([*args, "--out", "never"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and all(w in err[0] for w in words), err
+
+
+def test_pretrained_refusals(checkpoint, tmp_path, monkeypatch, capsys):
+    path, saved = checkpoint
+    monkeypatch.chdir(tmp_path)
+    _refused(capsys, [*RUN, "--pretrained", "nowhere.msgpack"], "--pretrained", "no such file")
+    _refused(capsys, [*RUN, "--pretrained", path, "--model", "mlp"], "--model transformer")
+    small = transformer((8,), 16, d_model=32).init(jax.random.key(0))
+    save_params(tmp_path / "small.msgpack", small)
+    shape = "block_0/key/bias: checkpoint shape (32,) != model (64,)"  # leaf and both shapes
+    _refused(capsys, [*RUN, "--pretrained", "small.msgpack"], "--pretrained small.msgpack", shape)
+    (tmp_path / "junk.msgpack").write_bytes(b"not a checkpoint")
+    _refused(capsys, [*RUN, "--pretrained", "junk.msgpack"], "not a readable checkpoint")
+    assert not (tmp_path / "never").exists()
+
+
+# ------------------------------------------------------------------------------ --lora-rule
+RANKS = (1, 2)  # clients 0, 2: rank 1; clients 1, 3: rank 2
+
+
+def _api_run(rule, rank, alpha, train, test):
+    """The run built directly from the hooks, the CLI's defaults spelled out."""
+    model = transformer(train.x.shape[2:], int(np.max(train.y)) + 1, lora_rank=rank,
+                        lora_alpha=alpha, lora_targets=("query", "value"))  # fmt: skip
+    ranks = np.asarray(RANKS)[np.arange(C) % len(RANKS)]
+    hook = hetlora(ranks) if rule == "hetlora" else flora(ranks, lora_scale(rank, alpha))
+    work = ClientWork(
+        model.loss,
+        client_optimizer=0.1,
+        local=LocalSpec(steps=STEPS, batch_size=BATCH),
+        hook=chain(hook),
+        stragglers=Stragglers(policy="drop"),
+        partition=lora_partition(),
+    )
+    alg = compose(work, num_clients=C, cohort=CohortSpec(size=M), client_map=ClientMap("vmap"))
+    return simulate(alg, train, jax.random.key(0), model=model, num_rounds=ROUNDS, test=test,
+                    evaluation=EvalSpec(every=ROUNDS), progress=False,
+                    client_map=ClientMap("vmap"))  # fmt: skip
+
+
+@pytest.mark.parametrize("rule", ["hetlora", "flora"])
+def test_cli_rule_equals_the_hooks(rule, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = [*RUN, "--lora-rank", "4", "--lora-alpha", "8", "--lora-targets", "query", "value"]
+    args += ["--lora-rule", rule, "--lora-ranks", *map(str, RANKS), "--out", "out"]
+    assert main(args) == 0
+    cli = json.loads((tmp_path / "out" / "history.json").read_text())["metrics"]
+    api = _api_run(rule, 4, 8.0, *_task())
+    for name, values in api.metrics.items():
+        np.testing.assert_array_equal(cli[name], np.asarray(values), err_msg=name)
+    assert {"bytes_up", f"{rule}_rank" if rule == "hetlora" else "flora_merged_norm"} <= set(cli)
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--lora-rule", "hetlora", "--lora-ranks", "0", "2"], ["--lora-ranks must be"]),
+        (["--lora-rule", "flora", "--lora-ranks", "2", "8"], ["--lora-ranks 8 exceeds"]),
+        (["--lora-rule", "flora"], ["needs --lora-ranks"]),
+        (["--lora-ranks", "1", "2"], ["--lora-ranks needs --lora-rule"]),
+        (
+            ["--lora-rule", "hetlora", "--lora-ranks", "1", "--algorithm", "fedprox"],
+            ["drop --algorithm fedprox"],
+        ),
+        (["--lora-rule", "hetlora", "--lora-ranks", "1", "--dp-clip", "1"], ["--dp-clip"]),
+        (["--lora-rule", "bogus", "--lora-ranks", "1"], ["--lora-rule"]),
+    ],
+)
+def test_bad_rule_values_refused_up_front(extra, words, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    _refused(capsys, [*RUN, "--lora-rank", "4", *extra], *words)
+
+
+def test_rule_needs_lora_rank():
+    cfg = RunConfig(model="transformer", dataset="markov_tokens", lora_rule="hetlora",
+                    lora_ranks=(1,))  # fmt: skip
+    with pytest.raises(UsageError, match="needs --lora-rank"):
+        validate.check_config(cfg)
+
+
+# ------------------------------------------------------------------------------ bytes
+@pytest.mark.parametrize("rule", ["hetlora", "flora"])
+def test_bytes_up_counts_each_clients_true_rank(rule):
+    """bytes_up = sum over the cohort's reporting clients of `(d_in + d_out) r_i` float32
+    values per adapted module (here query and value of 2 blocks, 64 -> 64), not the
+    max-rank padded adapters."""
+    train, test = _task()
+    r, d_model, layers = 4, 64, 2
+    model = transformer(train.x.shape[2:], int(np.max(train.y)) + 1, lora_rank=r,
+                        lora_targets=("query", "value"))  # fmt: skip
+    ranks = np.array([1, 3, 2, 4])
+    hook = hetlora(ranks) if rule == "hetlora" else flora(ranks, 1.0)
+    work = ClientWork(model.loss, client_optimizer=0.1, local=LocalSpec(steps=1, batch_size=4),
+                      hook=chain(hook), partition=lora_partition())  # fmt: skip
+    alg = compose(work, num_clients=C, cohort=CohortSpec(size=3), report_cohort=True)
+    state = alg.init(model.init(jax.random.key(0)), jax.random.key(0))
+    per_rank = layers * 2 * (d_model + d_model) * 4  # blocks x modules x (A col + B row) x f32
+    padded = layers * 2 * (d_model * r + r * d_model) * 4
+    for t in range(2):
+        state, metrics = jax.jit(alg.step)(state, train, jax.random.key(t + 1))
+        ids = np.asarray(metrics["cohort_ids"])
+        sent = ranks[ids][np.asarray(metrics["cohort_weights"]) > 0]
+        assert float(metrics["bytes_up"]) == per_rank * sent.sum()
+        assert float(metrics["bytes_up"]) < len(sent) * padded
