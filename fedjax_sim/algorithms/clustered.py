@@ -108,7 +108,7 @@ class ClusteredWork(ClientWork):
             """`tree` (one model's shapes) in slot j of the stack, `rest` (zeros) elsewhere."""
             return jax.tree.map(
                 lambda v, a: jnp.where(
-                    _per_cluster(slot, a), v[None], jnp.zeros_like(a) if rest is None else a
+                    _per_cluster(slot, a), v[None], 0 if rest is None else a
                 ).astype(a.dtype),
                 tree,
                 params if rest is None else rest,
