@@ -4,6 +4,8 @@ rounds with cohorts), K = 1 is FedAvg exactly, recovery of well-separated plante
 `personalize` and the global model, the refusals, and the drivers (simulate with central and
 personal evaluation, the sweep engine, streamed rows)."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,7 +36,9 @@ def planted(seed=0, noise=0.05, spread=1.0):
     def split(sizes):
         owner = np.repeat(np.arange(C), sizes)
         a = rng.normal(size=(owner.size, DIM))
-        b = np.einsum("nd,nd->n", a, spread * PLANTED[owner % K]) + noise * rng.normal(size=owner.size)
+        b = np.einsum("nd,nd->n", a, spread * PLANTED[owner % K]) + noise * rng.normal(
+            size=owner.size
+        )
         return pack(a.astype(np.float32), b.astype(np.float32), owner, C)
 
     return with_client_test(split(sizes), split(np.full(C, 6)))
@@ -319,3 +323,52 @@ def test_clipped_aggregator_applies_per_client_and_counts_one_models_bytes(x64):
     assert np.all(moved <= 1e-3 * (1 + 1e-9))  # a cluster mean of clipped updates
     # one model's update (3 float64) and the cluster index (int32)
     assert float(metrics["bytes_up"]) == M * (3 * 8 + 4)
+
+
+# ------------------------------------------------------------------------------ CLI
+@pytest.mark.parametrize(
+    "value, message",
+    [("0", "--clusters must be"), ("1.5", "--clusters"), ("x", "--clusters")],
+)
+def test_cli_bad_clusters_exit_2_in_one_line(capsys, value, message):
+    from fedjax_sim.app.cli import main
+
+    assert main(["run", "--algorithm", "ifca", "--clusters", value]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--algorithm", "fedavg", "--clusters", "3"], "--clusters is not used by fedavg"),
+        (["--algorithm", "ifca", "--aggregator", "median"], "IFCA refuses robust aggregators"),
+    ],
+)
+def test_cli_refusals_exit_2_in_one_line(capsys, args, message):
+    from fedjax_sim.app.cli import main
+
+    assert main(["run", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cli_ifca_end_to_end(tmp_path, capsys):
+    from fedjax_sim.app.cli import main
+
+    args = ["run", "--algorithm", "ifca", "--clusters", "3", "--model", "logistic"]
+    args += ["--num-clients", "10", "--cohort-size", "4", "--rounds", "2", "--eval-every", "2"]
+    args += ["--client-map", "vmap", "--personal-eval", "--no-progress", "--out", str(tmp_path)]
+    assert main(args) == 0
+    hist = json.loads((tmp_path / "history.json").read_text())
+    final = hist["eval"][-1]
+    assert np.isfinite(final["test_accuracy"]) and np.isfinite(final["personal_accuracy_mean"])
+
+
+def test_cli_sweep_runs_ifca(tmp_path):
+    from fedjax_sim.app.cli import main
+
+    args = ["sweep", "--algorithm", "ifca", "--clusters", "2", "--model", "logistic"]
+    args += ["--num-clients", "10", "--cohort-size", "4", "--rounds", "2", "--eval-every", "2"]
+    args += ["--seeds", "2", "--grid", "client_lr=0.05,0.1", "--no-progress"]
+    assert main([*args, "--out", str(tmp_path)]) == 0

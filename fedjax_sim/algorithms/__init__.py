@@ -18,6 +18,7 @@ from fedjax_sim.algorithms.asynchronous import (
     diminishing,
     sample_size_scale,
 )
+from fedjax_sim.algorithms.clustered import ifca
 from fedjax_sim.algorithms.core import (
     Algorithm,
     CohortSpec,
@@ -31,7 +32,6 @@ from fedjax_sim.algorithms.core import (
     server_update,
     weighted_mean,
 )
-from fedjax_sim.algorithms.clustered import ifca
 from fedjax_sim.algorithms.dro_baselines import dr_dsgd, drfa
 from fedjax_sim.algorithms.fedadam import adam_without_bias_correction, fedadam_reddi
 from fedjax_sim.algorithms.fedavg import (

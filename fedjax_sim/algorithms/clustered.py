@@ -232,6 +232,10 @@ def ifca(
     over the clients that chose it. `cluster_init(key)`: cluster j >= 1's initial model
     (None: the initial model's entries shuffled); personal models: each client's cluster."""
     _check_clusters(clusters)
+    if cluster_init is not None and not callable(cluster_init):
+        raise ValueError(
+            f"IFCA cluster_init must be a function key -> params, got {cluster_init!r}"
+        )
     options = dataclasses.replace(options, aggregator=_check_aggregator(options.aggregator))
     base = synchronous(loss_fn, options, cluster_means(), work=ClusteredWork)
 

@@ -30,6 +30,7 @@ from fedjax_sim.app.config import (
     algorithm_kwargs,
     build_run,
     hyper_parameters,
+    model_kwargs,
     privacy_accounting,
     privacy_record,
     setup_devices,
@@ -149,8 +150,9 @@ def build_sweep(
     whose grid hyper-parameters come from `make_algorithm(hparams)`. Every grid value is
     first built statically, so the factories' own value checks run before compiling."""
     dataset, model, _, client_map = build_run(cfg, None, explicit)
-    kwargs = algorithm_kwargs(cfg, explicit, data=dataset.train, client_map=client_map)
     factory = validate.algorithm_factory(cfg.algorithm)
+    kwargs = algorithm_kwargs(cfg, explicit, data=dataset.train, client_map=client_map)
+    kwargs = model_kwargs(factory, model, kwargs)
 
     def make_algorithm(hparams: dict[str, Any]):
         args = dict(kwargs)

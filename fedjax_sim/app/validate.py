@@ -68,6 +68,7 @@ RULES: dict[str, Range] = {
     "lora_rank": POSITIVE_INT,
     "lora_alpha": POSITIVE,
     "mu": NONNEG,
+    "clusters": POSITIVE_INT,
     "local_epochs": POSITIVE,
     "straggler_fraction": Range(0, 1),
     "cohort_probability": Range(0, 1, lo_open=True),
