@@ -25,10 +25,11 @@ step each cluster as if alone) and keeps the models of clusters nobody chose. Ve
 over clients (the client map) and clusters (the leading axis); keys as every composed
 algorithm's (round, purpose, client).
 
-Options: every common option but `partition` (a label tree of one model, not of K) and
-`attack` (its hooks see the stacked models). Aggregators: the mean and the wrappers that
-transform each client's update (compression, error feedback, clipping, secure aggregation
-of a mean). Refused up front: robust aggregators (they see every client's `[K, ...]` tree,
+Options: every common option (stragglers dropped by default, as FedAvg's) but `partition`
+(a label tree of one model, not of K) and `attack` (its hooks see the stacked models).
+Aggregators: the mean and the wrappers that transform each client's update (compression,
+error feedback with a `[K, ...]` memory per client, clipping, secure aggregation of a
+mean). Refused up front: robust aggregators (they see every client's `[K, ...]` tree,
 zeros at the clusters it did not choose, so a coordinate-wise median is not a per-cluster
 one) and DP (`privacy.dp_mean`: its noised sum is divided by a fixed expected cohort, while
 IFCA's cluster means divide by the number of clients that chose each cluster, a count the
@@ -38,10 +39,10 @@ wire format), not the stacked tree; `bytes_down` all K models (the paper broadca
 Initialisation (the paper's random initialisation, K models from K keys): cluster 0 is the
 given initial model (so K = 1 is FedAvg exactly); cluster j >= 1 is `cluster_init(key_j)`
 with `key_j = fold_in(fold_in(key, CLUSTER_INIT), j)` (key: the run key `init` receives),
-e.g. `cluster_init=model.init`; without `cluster_init`, each leaf of the initial model with
-its entries shuffled by `key_j` (for the usual i.i.d. initialisers a draw of the same
-distribution; constant leaves such as zero biases stay equal, so give `cluster_init` for a
-model initialised to a constant, e.g. zeros).
+e.g. `cluster_init=model.init` (what the CLI passes); without `cluster_init`, each leaf of
+the initial model with its entries shuffled by `key_j` (for the usual i.i.d. initialisers a
+draw of the same distribution; constant leaves such as zero biases stay equal, so give
+`cluster_init` for a model initialised to a constant, e.g. zeros).
 
 Models of the clients (`personalize`): each client's cluster estimate on its training data,
 `theta_{j_i}` with `j_i = argmin_j F_i(theta_j)`. The global model (`Algorithm.model`, what
@@ -65,7 +66,7 @@ import jax.numpy as jnp
 from fedjax_sim.algorithms.aggregators import Aggregator, mean
 from fedjax_sim.algorithms.client_work import ClientResult, ClientWork
 from fedjax_sim.algorithms.compose import Options, preset, synchronous
-from fedjax_sim.algorithms.core import Algorithm, LossFn, Params, minibatch
+from fedjax_sim.algorithms.core import Algorithm, LossFn, Params, Stragglers, minibatch
 from fedjax_sim.algorithms.local_hook import LocalHook, RoundSummary, ServerStep
 from fedjax_sim.data.federated import ClientData, FederatedData, tree_size_bytes
 
@@ -222,7 +223,7 @@ def initial_models(
     return jax.tree.map(lambda *leaves: jnp.stack(leaves), *models)
 
 
-@preset(fixed=("partition", "attack"))
+@preset(fixed=("partition", "attack"), stragglers=Stragglers(policy="drop"))
 def ifca(
     loss_fn: LossFn, *, clusters: int = 2, cluster_init: Any = None, options: Options
 ) -> Algorithm:
