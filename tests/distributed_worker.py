@@ -26,6 +26,7 @@ import optax  # noqa: E402
 from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg, fedprox  # noqa: E402
 from fedjax_sim.algorithms.area import area  # noqa: E402
 from fedjax_sim.algorithms.core import local_train, minibatch  # noqa: E402
+from fedjax_sim.algorithms.device_model import DeviceModel, named_profiles  # noqa: E402
 from fedjax_sim.algorithms.fedbuff import fedbuff  # noqa: E402
 from fedjax_sim.algorithms.partitioned import fedper  # noqa: E402
 from fedjax_sim.algorithms.scaffold import scaffold  # noqa: E402
@@ -93,6 +94,19 @@ def stateful_algorithms(client_map):
         ),
         "area": area(model.loss, **events_kw),
         "fedbuff": fedbuff(model.loss, **events_kw),
+        # the virtual clock: over-selection draws 10 and keeps the first 8 to finish, a 4 s
+        # deadline cuts the slower ones' steps (partial work)
+        "fedavg_clock": fedavg(
+            model.loss,
+            num_clients=16,
+            client_optimizer=0.05,
+            local=local,
+            cohort=CohortSpec(size=8),
+            device_model=DeviceModel(
+                named_profiles("always_on"), deadline=4.0, late="partial", over_selection=1.25
+            ),
+            client_map=client_map,
+        ),
         "fedper": fedper(
             lambda p, b: model.loss({"w": p["w"] * p["z"]}, b),
             head="z",

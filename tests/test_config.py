@@ -34,6 +34,7 @@ CHANGED = {
     "cohort_sampling": "proportional",
     "weighting": ("uniform", "counts"),  # one of the two differs from the base's "auto"
     "mu": 0.5,
+    "clusters": 3,
     "straggler_fraction": 1.0,
     # issue 21: alone, only --dp-clip, --aggregator and --attack change a run; the others need
     # one of them (refused with a line naming the flag)

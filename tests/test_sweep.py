@@ -350,3 +350,41 @@ def test_auto_client_map_vmaps_the_cohort_inside_a_group_of_runs():
         assert ClientMap("auto", 2).resolve(10) == ("map", 2)
         assert ClientMap("map", 2).resolve(10) == ("map", 2)
     assert ClientMap().resolve(10) == ("map", 8)
+
+
+def _personalized(model, name):
+    """The personalized presets besides FedPer (`test_sweep_run_r_equals_the_single_run`),
+    12 clients, cohort 4."""
+    from fedjax_sim.algorithms import partitioned, personal_models
+
+    kw = dict(client_optimizer=0.1, local=L, cohort=CohortSpec(size=4))
+    rows = dict(num_clients=12)
+    return {
+        "ditto": lambda: personal_models.ditto(model.loss, lam=0.5, **rows, **kw),
+        "apfl": lambda: personal_models.apfl(model.loss, **rows, **kw),
+        "pfedme": lambda: personal_models.pfedme(model.loss, inner_steps=2, **rows, **kw),
+        "per_fedavg_hf": lambda: personal_models.per_fedavg(model.loss, variant="hf", **kw),
+        "fedavg_ft": lambda: personal_models.fedavg_ft(model.loss, finetune_steps=2, **kw),
+        "lg_fedavg": lambda: partitioned.lg_fedavg(model.loss, **rows, **kw),
+        "fedrep": lambda: partitioned.fedrep(model.loss, head_steps=1, **rows, **kw),
+        "fedbabu": lambda: partitioned.fedbabu(model.loss, finetune_steps=2, **kw),
+    }[name]()
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["ditto", "apfl", "pfedme", "per_fedavg_hf", "fedavg_ft", "lg_fedavg", "fedrep", "fedbabu"],
+)
+def test_sweep_of_personalized_presets_equals_the_single_runs(setup, name):
+    """Every personalized preset runs in a sweep (its personal rows stacked `[R, C, ...]`):
+    run r equals the single run of its seed (2 rounds, central evaluation)."""
+    ds, model = setup
+    alg = _personalized(model, name)
+    spec = EvalSpec(every=2, clients=False)
+    kw = dict(seeds=[5, 6], model=model, num_rounds=2, test=ds.test, evaluation=spec)
+    vmapped = sweep(lambda hp: alg, ds.train, progress=False, **kw)
+    for run in vmapped.runs:
+        _same(vmapped.histories[run.index], _single(alg, ds, model, run.seed, 2, spec), **VMAP_TOL)
+    rows = jax.tree.leaves(vmapped.states.rows)  # personal models / heads / bodies
+    assert bool(rows) == (name in ("ditto", "apfl", "pfedme", "lg_fedavg", "fedrep"))
+    assert all(leaf.shape[:2] == (2, 12) for leaf in rows)

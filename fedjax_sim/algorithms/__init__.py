@@ -18,6 +18,7 @@ from fedjax_sim.algorithms.asynchronous import (
     diminishing,
     sample_size_scale,
 )
+from fedjax_sim.algorithms.clustered import ifca
 from fedjax_sim.algorithms.core import (
     Algorithm,
     CohortSpec,
@@ -121,6 +122,7 @@ register("fedper", fedper)
 register("lg_fedavg", lg_fedavg)
 register("fedrep", fedrep)
 register("fedbabu", fedbabu)
+register("ifca", ifca)
 register("fednova", fednova)
 register("ditto", ditto, "Ditto: FedAvg plus proximal personal models v_i (Li et al., ICML 2021).")
 register("apfl", apfl, "APFL: personal models mixed with the global one (Deng et al. 2020).")
@@ -148,6 +150,7 @@ __all__ = [
     "fedbabu",
     "fedper",
     "fedrep",
+    "ifca",
     "lg_fedavg",
     "ALGORITHMS",
     "Algorithm",

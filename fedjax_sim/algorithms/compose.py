@@ -495,17 +495,19 @@ def option_names(factory: Callable[..., Algorithm]) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(base))
 
 
-def synchronous(loss_fn: LossFn, options: Options, *hooks: LocalHook) -> Algorithm:
+def synchronous(
+    loss_fn: LossFn, options: Options, *hooks: LocalHook, work: type[ClientWork] = ClientWork
+) -> Algorithm:
     """`compose` of the chained `hooks` with the `options` of a preset (an `attack` is the
     `attacks.byzantine` hook last in the chain, or ALIE's `attacks.colluding` aggregator
-    around the preset's)."""
+    around the preset's); `work`: the client work's class (IFCA's `ClusteredWork`)."""
     o = options
     aggregator = o.aggregator
     if o.attack is not None and o.attack.cohort_level:
         aggregator = colluding(o.attack, aggregator)
     elif o.attack is not None:
         hooks = (*hooks, byzantine(o.attack))
-    work = ClientWork(
+    client_work = work(
         loss_fn,
         client_optimizer=o.client_optimizer,
         local=o.local,
@@ -515,7 +517,7 @@ def synchronous(loss_fn: LossFn, options: Options, *hooks: LocalHook) -> Algorit
         partition=o.partition,
     )
     return compose(
-        work,
+        client_work,
         num_clients=o.num_clients,
         aggregator=aggregator,
         server_optimizer=o.server_optimizer,

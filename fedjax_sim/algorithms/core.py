@@ -55,11 +55,21 @@ class Algorithm(NamedTuple):
 
     `personalize(state, data, ids, key) -> params [K, ...]` gives the personal models of the
     clients `ids [K]` (their rows of a personalized algorithm, or k local steps from the
-    global model); None: every client's model is the global one, `state.params`."""
+    global model); None: every client's model is the global one, `state.params`.
+
+    `model(state) -> params`: the global model central evaluation evaluates, where
+    `state.params` is not one model (IFCA's K cluster models); None: `state.params`
+    (`global_model`)."""
 
     init: Callable[[Params, PRNGKey], State]
     step: Callable[[State, FederatedData, PRNGKey], tuple[State, Metrics]]
     personalize: Personalize | None = None
+    model: Callable[[State], Params] | None = None
+
+
+def global_model(algorithm: Algorithm, state: State) -> Params:
+    """The global model of `state` (`Algorithm.model`; `state.params` without one)."""
+    return state.params if algorithm.model is None else algorithm.model(state)
 
 
 def float_dtype() -> jnp.dtype:

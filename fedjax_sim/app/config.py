@@ -108,6 +108,8 @@ class RunConfig:
     """How local minibatches are drawn."""
     mu: float = 0.01
     """FedProx proximal coefficient."""
+    clusters: int = 2
+    """IFCA's number of cluster models K (an int >= 1)."""
     straggler_fraction: float = 0.0
     """Fraction of each cohort that straggles (FedProx keeps partial work, others drop)."""
     dp_clip: float | None = None
@@ -544,9 +546,18 @@ def run_factory(cfg: RunConfig):
     return LORA_RULES[cfg.lora_rule]
 
 
+def model_kwargs(factory: Any, model: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` with the model's initializer as `cluster_init` where the factory takes one
+    (IFCA: its K initial models from K keys)."""
+    if "cluster_init" in hyper_parameters(factory) and "cluster_init" not in kwargs:
+        return {**kwargs, "cluster_init": model.init}
+    return kwargs
+
+
 def _algorithm(cfg: RunConfig, model: Any, kwargs: dict[str, Any]):
+    factory = run_factory(cfg)
     try:
-        return run_factory(cfg)(model.loss, **kwargs)
+        return factory(model.loss, **model_kwargs(factory, model, kwargs))
     except ValueError as e:  # the preset's own range checks: name the --hparams it concerns
         named = [h for h in cfg.hparams if re.search(rf"\b{re.escape(h.split('=')[0])}\b", str(e))]
         raise UsageError(f"--hparams {' '.join(named)}: {e}" if named else str(e)) from None
@@ -567,6 +578,7 @@ ALGORITHM_FLAGS: dict[str, str] = {
     "cohort_probability": "cohort",
     "weighting": "cohort",
     "mu": "mu",
+    "clusters": "clusters",
     "straggler_fraction": "stragglers",
     "dp_clip": "aggregator",
     "dp_noise": "aggregator",
@@ -983,6 +995,7 @@ def _concept_values(
         ),
         "cohort": _cohort_spec(cfg, explicit),
         "mu": cfg.mu,
+        "clusters": cfg.clusters,
         "stragglers": Stragglers(cfg.straggler_fraction, policy),
     }
     if "aggregator" in params:

@@ -30,8 +30,10 @@ from fedjax_sim.app.config import (
     algorithm_kwargs,
     build_run,
     hyper_parameters,
+    model_kwargs,
     privacy_accounting,
     privacy_record,
+    run_factory,
     setup_devices,
 )
 from fedjax_sim.core.checks import UsageError
@@ -115,7 +117,7 @@ def check_grid(cfg: RunConfig, grid: dict[str, list[float]]) -> None:
     or a value the run command rejects (no compilation; before the data is loaded)."""
     from fedjax_sim import algorithms
 
-    takes = hyper_parameters(validate.algorithm_factory(cfg.algorithm))
+    takes = hyper_parameters(run_factory(cfg))
     numeric = {
         n for n, p in takes.items() if isinstance(p.default, int | float) and p.default is not True
     }
@@ -149,8 +151,9 @@ def build_sweep(
     whose grid hyper-parameters come from `make_algorithm(hparams)`. Every grid value is
     first built statically, so the factories' own value checks run before compiling."""
     dataset, model, _, client_map = build_run(cfg, None, explicit)
+    factory = run_factory(cfg)  # --algorithm's, or --lora-rule's preset
     kwargs = algorithm_kwargs(cfg, explicit, data=dataset.train, client_map=client_map, model=model)
-    factory = validate.algorithm_factory(cfg.algorithm)
+    kwargs = model_kwargs(factory, model, kwargs)
 
     def make_algorithm(hparams: dict[str, Any]):
         args = dict(kwargs)

@@ -69,6 +69,7 @@ RULES: dict[str, Range] = {
     "lora_alpha": POSITIVE,
     "lora_ranks": POSITIVE_INT,
     "mu": NONNEG,
+    "clusters": POSITIVE_INT,
     "local_epochs": POSITIVE,
     "straggler_fraction": Range(0, 1),
     "cohort_probability": Range(0, 1, lo_open=True),

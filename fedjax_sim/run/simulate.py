@@ -20,7 +20,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh
 
-from fedjax_sim.algorithms.core import Algorithm, Personalize, tree_all_finite
+from fedjax_sim.algorithms.core import Algorithm, Personalize, global_model, tree_all_finite
 from fedjax_sim.data.federated import ArrayData, FederatedData
 from fedjax_sim.models.base import Model
 from fedjax_sim.run.evaluation import (  # noqa: F401 (client_stats: re-exported)
@@ -173,6 +173,7 @@ def simulate(
         if evaluation.personal or unseen is not None
         else None,
         unseen,
+        functools.partial(global_model, algorithm),
     )
     (history,), state = run_loop(
         source,
@@ -197,13 +198,14 @@ class _Chunks:
     key: jax.Array
     state_evaluator: Callable[..., Any] | None = None  # personal models, unseen clients
     unseen: FederatedData | None = None
+    model_of: Callable[[Any], Any] = lambda state: state.params  # `Algorithm.model`
 
     def run(self, state: Any, start: int, stop: int) -> tuple[Any, list[dict[str, np.ndarray]]]:
         state, metrics = self.run_chunk(state, self.data, self.key, stop - start)
         return state, [jax.tree.map(lambda m: m[: stop - start], distributed.fetch(metrics))]
 
     def evaluate(self, state: Any) -> list[dict[str, Any]]:
-        results = self.evaluator(state.params, self.data, self.test)
+        results = self.evaluator(self.model_of(state), self.data, self.test)
         if self.state_evaluator is not None:
             results |= self.state_evaluator(state, self.data, self.key, self.unseen)
         results = distributed.fetch(results)  # scalars, and [C] per-client distributions

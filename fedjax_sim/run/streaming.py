@@ -43,7 +43,14 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh
 
-from fedjax_sim.algorithms.core import COHORT, Algorithm, CohortSpec, round_key, tree_all_finite
+from fedjax_sim.algorithms.core import (
+    COHORT,
+    Algorithm,
+    CohortSpec,
+    global_model,
+    round_key,
+    tree_all_finite,
+)
 from fedjax_sim.core.rows import Rows, is_rows
 from fedjax_sim.data.federated import ArrayData, FederatedData
 from fedjax_sim.data.procedural import Population
@@ -563,6 +570,7 @@ def simulate_streamed(
         counts=counts_dev,
         rows_store=rows_store,
         chunk=chunk,
+        model_of=functools.partial(global_model, algorithm),
         prefetch=prefetch,
         spans=functools.partial(
             spans, num_rounds=num_rounds, every=evaluation.every, checkpoint_every=checkpoint_every
@@ -607,11 +615,13 @@ class _Stream:
         chunk: int,
         prefetch: int,
         spans: Callable[[int], list[tuple[int, int]]],
+        model_of: Callable[[Any], Any],
     ):
         self.run_chunk, self.evaluator, self.test = run_chunk, evaluator, test
         self.source, self.plan, self.key, self.counts = source, plan, key, counts
         self.rows_store, self.chunk, self.spans = rows_store, chunk, spans
         self.stats = StreamStats()
+        self.model_of = model_of  # the global model of a state (`Algorithm.model`)
         self.queue: queue.Queue = queue.Queue(maxsize=prefetch)
         self.stop = threading.Event()
         self.worker: threading.Thread | None = None
@@ -689,7 +699,7 @@ class _Stream:
     def evaluate(self, state: Any) -> list[dict[str, float]]:
         if self.evaluator is None:
             return [{}]  # as `simulate`: a row per evaluation point
-        return [{k: float(v) for k, v in self.evaluator(state.params, self.test).items()}]
+        return [{k: float(v) for k, v in self.evaluator(self.model_of(state), self.test).items()}]
 
     def saved(self, state: Any) -> Any:
         return state if self.rows_store is None else self.rows_store.saved(state)

@@ -585,6 +585,7 @@ def sweep(
         data,
         test,
         num,
+        _models_of(make_algorithm, runs[0].hparams),
     )
     t0 = time.perf_counter()
     histories, states = run_loop(
@@ -616,6 +617,14 @@ def sweep(
     return result
 
 
+def _models_of(make_algorithm: MakeAlgorithm, hp: HParams) -> Callable[..., Any] | None:
+    """`(states, hps) -> each run's global model` where the algorithm declares one
+    (`Algorithm.model`); None: the runs' `states.params`."""
+    if make_algorithm(hp).model is None:
+        return None
+    return jax.jit(jax.vmap(lambda state, h: make_algorithm(h).model(state)))
+
+
 @dataclasses.dataclass(frozen=True)
 class _SweepChunks:
     """`sweep`'s chunks: every run's rounds at once; `num` real runs, then the mesh's
@@ -628,6 +637,7 @@ class _SweepChunks:
     data: FederatedData
     test: ArrayData | None
     num: int
+    models_of: Callable[[Any, HParams], Any] | None = None  # `Algorithm.model` of each run
 
     def run(self, states: Any, start: int, stop: int) -> tuple[Any, list[dict[str, np.ndarray]]]:
         states, metrics = self.run_chunk(states, self.hps, self.data, self.keys, stop - start)
@@ -635,7 +645,8 @@ class _SweepChunks:
         return states, [{k: v[:, i] for k, v in metrics.items()} for i in range(self.num)]
 
     def evaluate(self, states: Any) -> list[dict[str, float]]:
-        results = jax.device_get(self.evaluator(states.params, self.data, self.test))
+        params = states.params if self.models_of is None else self.models_of(states, self.hps)
+        results = jax.device_get(self.evaluator(params, self.data, self.test))
         return [{k: float(v[i]) for k, v in results.items()} for i in range(self.num)]
 
     def saved(self, states: Any) -> Any:
