@@ -372,3 +372,19 @@ def test_cli_sweep_runs_ifca(tmp_path):
     args += ["--num-clients", "10", "--cohort-size", "4", "--rounds", "2", "--eval-every", "2"]
     args += ["--seeds", "2", "--grid", "client_lr=0.05,0.1", "--no-progress"]
     assert main([*args, "--out", str(tmp_path)]) == 0
+
+
+def test_gradients_through_rounds_are_refused():
+    """The objectives of `differentiable_run` and the tuner read one model, `state.params`:
+    IFCA's K stacked models are refused (one line, while tracing) rather than misread."""
+    from fedjax_sim.run.differentiate import clients_loss, differentiable_run
+    from fedjax_sim.run.tuner import hypergradient_tuner
+
+    data = planted()
+    make = lambda hp: ifca(MODEL.loss, **kw(client_optimizer=hp["client_lr"]))  # noqa: E731
+    objective = clients_loss(MODEL, data.x_test, data.y_test, data.test_counts)
+    args = ({"client_lr": 0.1}, {"w": jnp.asarray(W0)}, data, jax.random.key(1))
+    with pytest.raises(ValueError, match="declares its global model"):
+        differentiable_run(make, objective, num_rounds=2).value(*args)
+    with pytest.raises(ValueError, match="declares its global model"):
+        hypergradient_tuner(make, objective, num_rounds=2)(*args)

@@ -194,6 +194,17 @@ def run_rounds(
     return state
 
 
+def one_model(algorithm: Algorithm) -> Algorithm:
+    """`algorithm`, or ValueError if its state holds more than the one global model the
+    objectives read as `state.params` (`Algorithm.model`: IFCA's K cluster models)."""
+    if algorithm.model is not None:
+        raise ValueError(
+            "differentiable_run: this algorithm declares its global model (Algorithm.model, "
+            "e.g. IFCA's K cluster models); the objectives read one model, state.params"
+        )
+    return algorithm
+
+
 def final_state(
     make_algorithm: MakeAlgorithm,
     hparams: HParams,
@@ -210,10 +221,10 @@ def final_state(
     T - W rounds run on constants (`lax.stop_gradient` of the hyper-parameters and of the
     initial model) and the state they reach is a constant for the last W rounds."""
     if window is None or window >= num_rounds:
-        algorithm = make_algorithm(hparams)
+        algorithm = one_model(make_algorithm(hparams))
         state = algorithm.init(params, key)
         return run_rounds(algorithm, state, data, key, num_rounds, remat)
-    frozen = make_algorithm(lax.stop_gradient(hparams))
+    frozen = one_model(make_algorithm(lax.stop_gradient(hparams)))
     state = frozen.init(lax.stop_gradient(params), key)
     state = run_rounds(frozen, state, data, key, num_rounds - window, remat)
     state = lax.stop_gradient(state)

@@ -45,6 +45,7 @@ from fedjax_sim.run.differentiate import (
     Objective,
     _check_int,
     _numeric_leaves,
+    one_model,
     run_rounds,
 )
 
@@ -122,7 +123,7 @@ class Tuner:
         opt = optax.adam(spec.step_size, b1=spec.b1, b2=spec.b2, eps=spec.eps)
         lo, hi = math.log(spec.lower), math.log(spec.upper)
         log_hp = jax.tree.map(jnp.log, hparams)
-        state = make(hparams).init(params, key)
+        state = one_model(make(hparams)).init(params, key)
 
         def update(carry, _):
             state, log_hp, opt_state, ref = carry
