@@ -139,9 +139,9 @@ def plot(runs: dict, cfg: dict, path: str) -> None:
         ax.fill_between(grid, st[:, 0] - st[:, 1], st[:, 0] + st[:, 1], color=line.get_color(),
                         alpha=0.15)  # fmt: skip
     ax.axhline(target(runs), color="grey", ls=":", lw=1, label="target")
-    seeds = len(cfg["seeds_list"])
+    title = f"Fashion-MNIST logistic, bundled trace, {len(cfg['seeds_list'])} seeds (95% CI)"
     ax.set(xlabel="virtual hours (linear below 0.05, log above)", ylabel="test accuracy",
-           ylim=(0.3, 0.85), title=f"Fashion-MNIST logistic, bundled trace, {seeds} seeds (95% CI)")  # fmt: skip
+           ylim=(0.3, 0.85), title=title)  # fmt: skip
     ax.set_xscale("symlog", linthresh=0.05)
     ax.legend(fontsize=8)
     fig.tight_layout()
