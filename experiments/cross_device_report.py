@@ -67,6 +67,12 @@ def hours_to_target(runs: dict, method: str) -> dict[int, float]:
     return {s: time_to_target(r, level)[0] for s, r in runs[method].items()}
 
 
+def missed_target(runs: dict, method: str) -> int:
+    """How many of `method`'s runs never reach the target."""
+    level = target(runs)
+    return sum(not time_to_target(r, level)[1] for r in runs[method].values())
+
+
 def speedup(runs: dict, base: str, method: str) -> np.ndarray:
     """Per seed: `base`'s time to target / `method`'s (> 1: `method` is faster)."""
     a, b = hours_to_target(runs, base), hours_to_target(runs, method)
