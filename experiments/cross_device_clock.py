@@ -16,7 +16,8 @@ bandwidths and 2 % mid-round dropout apply), the model's 31.4 kB sent down and u
 - FedBuff and AREA: `device_model.event_model` (every client trains continuously, Poisson
   deliveries at (1 - dropout_i) / time_i), server step every 4 deliveries, gradients scaled
   by s_i / S, step sizes the AREA Fig. 2 runs selected for K = 50 on seeds 0-9
-  (`area/logistic_K50_seeds10_full60k_h10grid_*`: AREA 10, FedBuff 1), for `--async-hours`.
+  (`area/logistic_K50_seeds10_full60k_h10grid_*`: AREA 10, FedBuff 1), for `--async-hours`;
+  m + 2 sqrt(m) + 2 slots per iteration (m: expected due clients; the rest wait one).
 
     nice -n 10 python experiments/cross_device_clock.py      # defaults: the recorded run
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import sys
@@ -116,11 +118,16 @@ def run_sync(method, lr_grid, seeds, ctx) -> list[dict]:
 
 def run_async(method, seeds, horizon, ctx) -> list[dict]:
     """FedBuff / AREA on `event_model` of the same profiles for `horizon` virtual seconds."""
-    events = event_model(
-        ctx["profiles"], ctx["clients"], steps=ctx["local"].steps, bytes_down=ctx["bytes"],
-        bytes_up=ctx["bytes"], aggregation=Aggregation.every(4), availability=False,
+    kw = dict(
+        steps=ctx["local"].steps, bytes_down=ctx["bytes"], bytes_up=ctx["bytes"],
+        aggregation=Aggregation.every(4), availability=False,
         max_probability=ctx["max_probability"],
     )  # fmt: skip
+    m = float(event_model(ctx["profiles"], ctx["clients"], **kw).arrivals.values.sum())
+    # slots: m + 2 sqrt(m) + 2 (the default m + 6 sqrt(m) + 8 trains ~3x the due clients);
+    # a due client that does not fit is deferred one iteration (the `overflow` metric)
+    capacity = math.ceil(m + 2.0 * math.sqrt(m) + 2.0)
+    events = event_model(ctx["profiles"], ctx["clients"], capacity=capacity, **kw)
     dt = float(events.arrivals.dt)
     evals = ctx["async_evals"]
     every = max(1, -(-int(np.ceil(horizon / dt)) // evals))
@@ -141,7 +148,8 @@ def run_async(method, seeds, horizon, ctx) -> list[dict]:
         t = np.asarray(h.metrics["t"], np.float64)
         clock = dict(zip(h.rounds, t.tolist(), strict=True)) | {0: 0.0}
         out.append({
-            "method": method, "seed": int(r.seed), "lr": alpha, "dt": dt,
+            "method": method, "seed": int(r.seed), "lr": alpha, "dt": dt, "slots": capacity,
+            "overflow": int(np.sum(h.metric("overflow"))),
             "hours": [clock[int(k)] / 3600.0 for k in rounds], "test_accuracy": acc.tolist(),
         })  # fmt: skip
     return out
@@ -162,7 +170,7 @@ def main() -> None:
     ap.add_argument("--select-seeds", type=int, nargs="+", default=[200, 201])
     ap.add_argument("--fedavg-grid", type=float, nargs="+", default=[0.03, 0.1, 0.3])
     ap.add_argument("--fedavg-lr", type=float, default=None, help="skip the selection")
-    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--eval-every", type=int, default=1)
     ap.add_argument("--async-evals", type=int, default=60)
     ap.add_argument("--async-hours", type=float, default=0.25, help="FedBuff / AREA horizon")

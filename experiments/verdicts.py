@@ -433,7 +433,7 @@ CLOCK_DIFF = (
     "clients, K = 50; the bundled 64-device trace (procedural, not measured), availability "
     "windows off; FedAvg cohort 96 (over-selection draws 125), FedBuff / AREA keep every "
     "client training (no concurrency cap); buffer 4; target 0.9 x plain FedAvg's final "
-    "accuracy; 30 rounds, asynchronous runs 0.25 virtual hours (the papers: real device "
+    "accuracy; 20 rounds, asynchronous runs 0.25 virtual hours (the papers: real device "
     "populations, CNNs / LSTMs, hundreds to thousands of concurrent clients)"
 )
 CLOCK_IND = (
