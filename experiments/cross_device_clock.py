@@ -12,14 +12,16 @@ bandwidths and 2 % mid-round dropout apply), the model's 31.4 kB sent down and u
   weighted mean, server lr 1; over-selection 1.3 draws 125 and keeps the first 96 to finish;
   the deadline is the 70th percentile of the 128 clients' round times under the trace (late
   clients dropped). Client lr from `--fedavg-grid`, chosen on `--select-seeds` (other seeds
-  than the runs) by the mean test accuracy over the evaluations of plain FedAvg.
+  than the runs) by the mean test accuracy over the `--select-rounds` evaluations of plain
+  FedAvg.
 - FedBuff and AREA: `device_model.event_model` (every client trains continuously, Poisson
   deliveries at (1 - dropout_i) / time_i), server step every 4 deliveries, gradients scaled
   by s_i / S, step sizes the AREA Fig. 2 runs selected for K = 50 on seeds 0-9
   (`area/logistic_K50_seeds10_full60k_h10grid_*`: AREA 10, FedBuff 1), for `--async-hours`;
   m + 2 sqrt(m) + 2 slots per iteration (m: expected due clients; the rest wait one).
 
-    nice -n 10 python experiments/cross_device_clock.py      # defaults: the recorded run
+    nice -n 10 python experiments/cross_device_clock.py --tag _sync
+    nice -n 10 python experiments/cross_device_clock.py --methods FedBuff AREA --tag _async
 
 Writes `experiments/results/cross_device/clock<tag>.json` (`.json.partial` until complete):
 config, the selection and per run (method, seed) the evaluated virtual hours and test
@@ -86,7 +88,7 @@ def device_model(profiles, method: str, deadline: float) -> DeviceModel:
     )
 
 
-def run_sync(method, lr_grid, seeds, ctx) -> list[dict]:
+def run_sync(method, lr_grid, seeds, ctx, rounds=None) -> list[dict]:
     """FedAvg under `method`'s device model: one sweep over lr x seeds; per run its compact
     history (`compact`)."""
     dm = device_model(ctx["profiles"], method, ctx["deadline"])
@@ -99,7 +101,8 @@ def run_sync(method, lr_grid, seeds, ctx) -> list[dict]:
 
     res = sweep(
         make, ctx["data"], seeds=[int(s) for s in seeds], grid={"lr": list(lr_grid)},
-        model=ctx["model"], num_rounds=ctx["rounds"], params=ctx["params0"], progress=False,
+        model=ctx["model"], num_rounds=rounds or ctx["rounds"], params=ctx["params0"],
+        progress=False,
         evaluation=EvalSpec(every=ctx["eval_every"], central=False, clients=False,
                             extra=ctx["extra"]),
         runs_per_group=len(lr_grid) * len(seeds),
@@ -170,16 +173,20 @@ def main() -> None:
     ap.add_argument("--select-seeds", type=int, nargs="+", default=[200, 201])
     ap.add_argument("--fedavg-grid", type=float, nargs="+", default=[0.03, 0.1, 0.3])
     ap.add_argument("--fedavg-lr", type=float, default=None, help="skip the selection")
+    ap.add_argument("--select-rounds", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--eval-every", type=int, default=1)
     ap.add_argument("--async-evals", type=int, default=60)
-    ap.add_argument("--async-hours", type=float, default=0.25, help="FedBuff / AREA horizon")
+    ap.add_argument("--async-hours", type=float, default=0.15, help="FedBuff / AREA horizon")
     ap.add_argument("--max-probability", type=float, default=0.5)
     ap.add_argument("--train", type=int, default=60000)
     ap.add_argument("--clients", type=int, default=128)
     ap.add_argument("--cohort", type=int, default=96)
     ap.add_argument("--local-steps", type=int, default=50)
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument(
+        "--methods", nargs="+", default=list(SYNC), choices=METHODS,
+        help="default: the FedAvg variants (clock_sync.json); FedBuff AREA: clock_async.json",
+    )  # fmt: skip
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
     t0 = time.time()
@@ -222,9 +229,9 @@ def main() -> None:
             os.replace(path + ".partial", path)
 
     lr = args.fedavg_lr
-    if lr is None:
+    if lr is None and any(m in SYNC for m in args.methods):
         t1 = time.time()
-        sel = run_sync("FedAvg", args.fedavg_grid, args.select_seeds, ctx)
+        sel = run_sync("FedAvg", args.fedavg_grid, args.select_seeds, ctx, args.select_rounds)
         lr = selection(sel)
         blob["selection"] = {"seeds": args.select_seeds, "grid": args.fedavg_grid, "lr": lr,
                              "runs": sel}  # fmt: skip

@@ -1,4 +1,5 @@
-"""Tables and plot of `cross_device_clock.py` (`results/cross_device/clock<tag>.json`).
+"""Tables and plot of `cross_device_clock.py` (`results/cross_device/clock_sync<tag>.json`:
+the FedAvg variants; `clock_async<tag>.json`: FedBuff and AREA, if there).
 
     PYTHONPATH=. python experiments/cross_device_report.py [--tag TAG]
 
@@ -47,6 +48,19 @@ def load(path: str) -> dict:
         if m in SYNC and any(len(r["round_time"]) != cfg["rounds"] for r in have.values()):
             raise Incomplete(f"`{os.path.basename(path)}`: {m} stops before {cfg['rounds']}")
     return runs
+
+
+def load_all(tag: str = "") -> tuple[dict, dict]:
+    """`(runs, config)` of `clock_sync<tag>.json` merged with `clock_async<tag>.json` when
+    that exists (the same seeds); the config is the synchronous file's."""
+    sync = os.path.join(DIR, f"clock_sync{tag}.json")
+    with open(sync) as f:
+        cfg = json.load(f)["config"]
+    runs = load(sync)
+    path = os.path.join(DIR, f"clock_async{tag}.json")
+    if os.path.exists(path):
+        runs |= load(path)
+    return runs, cfg
 
 
 def target(runs: dict) -> float:
@@ -123,7 +137,7 @@ def tables(runs: dict, cfg: dict) -> str:
     out += ["", "Speed-up to the target, paired by seed (FedAvg's hours / the method's):", ""]
     out += ["| method | vs FedAvg | vs FedAvg+OS+DL |", "|---|---|---|"]
     for m in (m for m in METHODS[1:] if m in runs):
-        vs = ci(speedup(runs, "FedAvg+OS+DL", m)) if m != "FedAvg+OS+DL" else "-"
+        vs = ci(speedup(runs, "FedAvg+OS+DL", m)) if m not in SYNC else "-"
         out.append(f"| {m} | {ci(speedup(runs, 'FedAvg', m))} | {vs} |")
     return "\n".join(out) + "\n"
 
@@ -158,10 +172,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
-    path = os.path.join(DIR, f"clock{args.tag}.json")
-    with open(path) as f:
-        cfg = json.load(f)["config"]
-    runs = load(path)
+    runs, cfg = load_all(args.tag)
     text = tables(runs, cfg)
     with open(os.path.join(DIR, f"clock{args.tag}.md"), "w") as f:
         f.write(text)

@@ -122,9 +122,14 @@ def _clock_blob(fedbuff_acc: list[float], seeds: int = 5, fedavg_seeds: int = 5)
 
 
 def _clock_line(tmp_path, monkeypatch, blob: dict) -> str:
+    """The row FedAvg / FedBuff from the blob split as the script writes it: FedAvg in
+    `clock_sync.json`, FedBuff in `clock_async.json`."""
     monkeypatch.setattr(verdicts, "RESULTS", str(tmp_path))
     (tmp_path / "cross_device").mkdir()
-    (tmp_path / "cross_device" / "clock.json").write_text(json.dumps(blob))
+    for name, m in (("sync", "FedAvg"), ("async", "FedBuff")):
+        part = {"config": dict(blob["config"], methods=[m]),
+                "runs": [r for r in blob["runs"] if r["method"] == m]}  # fmt: skip
+        (tmp_path / "cross_device" / f"clock_{name}.json").write_text(json.dumps(part))
     row = verdicts._clock("p", "c", "e", "n", "speedup", "FedAvg", "FedBuff", 3.3)
     return verdicts.render([row]).splitlines()[-1]
 
