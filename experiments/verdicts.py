@@ -439,9 +439,9 @@ LPS_SIZE = ("our FedAvg reaches the target in about half the paper's rounds (an 
 CLOCK_DIFF = (
     "Fashion-MNIST multinomial logistic regression (7,850 parameters), Dirichlet(0.1), 128 "
     "clients, K = 50; the bundled 64-device trace (procedural, not measured), availability "
-    "windows off; FedAvg cohort 96 (over-selection draws 125), FedBuff / AREA keep every "
-    "client training (no concurrency cap); buffer 4; target 0.9 x plain FedAvg's final "
-    "accuracy; 20 rounds, asynchronous runs 0.15 virtual hours (the papers: real device "
+    "windows off; FedAvg cohort 32 (over-selection draws 42), FedBuff / AREA keep all 128 "
+    "clients training (no concurrency cap); buffer 4; target 0.9 x plain FedAvg's final "
+    "accuracy; 10 rounds, asynchronous runs 0.1 virtual hours (the papers: real device "
     "populations, CNNs / LSTMs, hundreds to thousands of concurrent clients)"
 )
 CLOCK_IND = (
