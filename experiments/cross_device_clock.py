@@ -172,7 +172,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--first-seed", type=int, default=100)
     ap.add_argument("--select-seeds", type=int, nargs="+", default=[200, 201])
-    ap.add_argument("--fedavg-grid", type=float, nargs="+", default=[0.03, 0.1, 0.3])
+    ap.add_argument("--fedavg-grid", type=float, nargs="+", default=[0.03, 0.1, 0.3, 1, 3])
     ap.add_argument("--fedavg-lr", type=float, default=None, help="skip the selection")
     ap.add_argument("--select-rounds", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=10)

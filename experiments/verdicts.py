@@ -451,7 +451,7 @@ CLOCK_IND = (
 )
 CLOCK_CAUSE = "unknown"
 CLOCK_NOT_RUN = (
-    "not run (~20 min on the idle 2 cores; Fashion-MNIST: Debian `dataset-fashion-mnist`): "
+    "not run (~12 min on the shared 2 cores; Fashion-MNIST: Debian `dataset-fashion-mnist`): "
     "`cross_device_clock.py --tag _sync`, then `--methods FedBuff AREA --tag _async`"
 )
 
