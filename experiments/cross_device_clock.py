@@ -47,6 +47,7 @@ import optax
 
 sys.path.insert(0, os.path.dirname(__file__))  # area_logistic: the shared problem
 from area_logistic import NU, build, load  # noqa: E402
+from compact_histories import shorten  # noqa: E402
 
 from fedjax_sim.algorithms import fedavg, sample_size_scale  # noqa: E402
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec  # noqa: E402
@@ -225,7 +226,7 @@ def main() -> None:
     def save(final: bool = False) -> None:
         blob["seconds"]["total"] = time.time() - t0
         with open(path + ".partial", "w") as f:
-            json.dump(blob, f, separators=(",", ":"))
+            json.dump(shorten(blob), f, separators=(",", ":"))  # float32s: shortest repr
         if final:
             os.replace(path + ".partial", path)
 
