@@ -106,3 +106,48 @@ def test_partial_progress_file_is_ignored(tmp_path, monkeypatch):
     line = verdicts.render([_step_row("x")]).splitlines()[-1]
     verdicts._step_sweep.cache_clear()
     assert "**not run**" in line and "reason and cost" in line and "incomplete" not in line
+
+
+def _clock_blob(fedbuff_acc: list[float], seeds: int = 5, fedavg_seeds: int = 5) -> dict:
+    """A `cross_device_clock.py` result: FedAvg reaches 0.8 at 1 h (its target 0.72 at 0.5 h),
+    FedBuff's accuracies at 0, 0.1, 0.2 h as given."""
+    cfg = {"methods": ["FedAvg", "FedBuff"], "seeds_list": list(range(100, 100 + seeds)),
+           "rounds": 2}  # fmt: skip
+    avg = {"method": "FedAvg", "hours": [0.0, 0.5, 1.0], "test_accuracy": [0.1, 0.75, 0.8],
+           "round_time": [1800.0, 1800.0], "late": 0, "dropouts": 0}  # fmt: skip
+    buff = {"method": "FedBuff", "hours": [0.0, 0.1, 0.2], "test_accuracy": fedbuff_acc}
+    runs = [dict(avg, seed=100 + s) for s in range(fedavg_seeds)]
+    runs += [dict(buff, seed=100 + s) for s in range(seeds)]
+    return {"config": cfg, "runs": runs}
+
+
+def _clock_line(tmp_path, monkeypatch, blob: dict) -> str:
+    """The row FedAvg / FedBuff from the blob split as the script writes it: FedAvg in
+    `clock_sync.json`, FedBuff in `clock_async.json`."""
+    monkeypatch.setattr(verdicts, "RESULTS", str(tmp_path))
+    (tmp_path / "cross_device").mkdir()
+    for name, m in (("sync", "FedAvg"), ("async", "FedBuff")):
+        part = {"config": dict(blob["config"], methods=[m]),
+                "runs": [r for r in blob["runs"] if r["method"] == m]}  # fmt: skip
+        (tmp_path / "cross_device" / f"clock_{name}.json").write_text(json.dumps(part))
+    row = verdicts._clock("p", "c", "e", "n", "speedup", "FedAvg", "FedBuff", 3.3)
+    return verdicts.render([row]).splitlines()[-1]
+
+
+def test_clock_speedup_is_decided(tmp_path, monkeypatch):
+    """FedBuff first reaches 0.9 x FedAvg's final 0.8 at 0.1 h, FedAvg at 0.5 h: 5x."""
+    line = _clock_line(tmp_path, monkeypatch, _clock_blob([0.1, 0.73, 0.7]))
+    assert "5.00 +- 0.00" in line and "n = 5 seeds" in line
+
+
+@pytest.mark.parametrize(
+    ("blob", "reason"),
+    [
+        (_clock_blob([0.1, 0.6, 0.7]), "5 FedBuff run(s) miss the target"),
+        (_clock_blob([0.1, 0.73, 0.7], fedavg_seeds=3), "FedAvg has seeds [100, 101, 102]"),
+    ],
+)
+def test_clock_censored_or_incomplete_is_not_run(tmp_path, monkeypatch, blob, reason):
+    """A time to target censored at the horizon is only a bound: the row is not run."""
+    line = _clock_line(tmp_path, monkeypatch, blob)
+    assert "**not run**" in line and reason in line
