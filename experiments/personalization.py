@@ -17,7 +17,7 @@ server lr 1.
 
 Methods (client lr eta from the grid, traced in one sweep program):
 FedAvg; FedAvg-FT (5 fine-tuning steps at eta); FedPer; LG-FedAvg; FedRep (the preset's
-default head:body ratio, 18:2 of 20 steps); FedBABU (head frozen, 5 fine-tuning steps at
+default head:body ratio: 18:2 of 20 steps, 9:1 of 10); FedBABU (head frozen, 5 fine-tuning steps at
 eta); Ditto (lam 0.1, personal lr eta); APFL (alpha 0.25 fixed, personal lr eta); pFedMe
 (lam 15, K = 5 inner steps of personal lr 0.05, beta 1; eta grid smaller: eta*lam < 1);
 Per-FedAvg FO / HF (alpha = eta, one adaptation step of size alpha; D, D', D'' the
@@ -193,20 +193,44 @@ def select(runs: list[dict]) -> float:
     return max(lrs, key=score)
 
 
+SKIP = ("force", "out_dir", "methods", "datasets", "partitions")  # not part of a setting
+
+
+def setting_config(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k not in SKIP}
+
+
+def saved_methods(partial: str, config: dict) -> dict:
+    """The methods already in `partial` when it is a run of the same setting (else {})."""
+    if not os.path.exists(partial):
+        return {}
+    with open(partial) as f:
+        old = json.load(f)
+    return old["methods"] if setting_config(old["config"]) == config else {}
+
+
+def save(partial: str, out: str, blob: dict) -> None:
+    """Writes `blob` with the methods other processes of the same setting saved meanwhile
+    (`--methods` subsets run in parallel); renamed to `out` once every method is there."""
+    if os.path.exists(out):  # completed by another process
+        return
+    blob["methods"] = {**saved_methods(partial, blob["config"]), **blob["methods"]}
+    blob["complete"] = set(blob["methods"]) == set(METHODS)
+    with open(partial + ".tmp", "w") as f:
+        json.dump(blob, f, separators=(",", ":"))
+    os.replace(partial + ".tmp", partial)
+    if blob["complete"]:
+        os.replace(partial, out)
+
+
 def run_setting(dataset: str, partition: str, args) -> None:
     out = os.path.join(args.out_dir, f"{dataset}_{partition}{args.tag}.json")
     if os.path.exists(out) and not args.force:
         print(f"{out} exists: skipped", flush=True)
         return
     partial = out + ".partial"
-    skip = ("force", "out_dir", "methods", "datasets", "partitions")  # not the setting's
-    config = {k: v for k, v in vars(args).items() if k not in skip}
-    blob = {"config": {**config, "dataset": dataset, "partition": partition}, "methods": {}}
-    if os.path.exists(partial) and not args.force:
-        with open(partial) as f:
-            old = json.load(f)
-        if old["config"] == blob["config"]:
-            blob = old
+    config = {**setting_config(vars(args)), "dataset": dataset, "partition": partition}
+    blob = {"config": config, "methods": {} if args.force else saved_methods(partial, config)}
     ds = load(dataset, partition, args.clients)
     data, test = ds.train, ds.test
     model = mlp(ds.feature_shape, ds.num_classes, hidden=(args.hidden,))
@@ -222,7 +246,7 @@ def run_setting(dataset: str, partition: str, args) -> None:
     }
     os.makedirs(args.out_dir, exist_ok=True)
     for name in args.methods:
-        if name in blob["methods"]:
+        if name in blob["methods"] or name in saved_methods(partial, config):
             continue
         make = make_factory(name, model.loss, args.clients, args)
         grid = PFEDME_GRID if name == "pFedMe" else GRID
@@ -242,13 +266,10 @@ def run_setting(dataset: str, partition: str, args) -> None:
         print(f"{dataset} {partition} {name:14s} lr {lr:g}: personal mean {pm:.4f}, "
               f"global {np.mean([r['global_client_mean'] for r in conf]):.4f} "
               f"({seconds:.0f} s)", flush=True)  # fmt: skip
-        with open(partial, "w") as f:
-            json.dump(blob, f, separators=(",", ":"))
-    blob["complete"] = set(blob["methods"]) == set(METHODS)  # a --methods subset: partial
-    with open(partial, "w") as f:
-        json.dump(blob, f, separators=(",", ":"))
-    if blob["complete"]:
-        os.replace(partial, out)
+        save(partial, out, blob)
+        if blob["complete"]:
+            return
+    save(partial, out, blob)
 
 
 def main() -> None:

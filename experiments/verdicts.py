@@ -419,25 +419,27 @@ def _lps(stem: str, setting: str, beta: float, paper: float, differs: str, cause
 
 
 # personalization (issue 37): the report's loaders; PFLlib's FMNIST benchmark as the anchor
-PFL_ROUNDS = {"fashion_mnist": 20, "digits": 100}
+PFL_RUNS = {"fashion_mnist": (40, 10), "digits": (100, 20)}  # rounds, local steps
 PFL_IND = ("independent: confirming seeds 100-104, each method at the lr its runs on seeds "
            "0-2 selected (same partition)")  # fmt: skip
 
 
 def pfl_differs(ds: str) -> str:
     model = "784-64-10" if ds == "fashion_mnist" else "64-64-10"
+    rounds, steps = PFL_RUNS[ds]
     return (
         f"{pfl.LABELS[ds]}, MLP {model} (PFLlib: 4-layer CNN, FMNIST only), 100 clients, cohort "
-        f"10 (PFLlib: 20, all), {PFL_ROUNDS[ds]} rounds of 20 steps of batch 20 (PFLlib: 2000 "
+        f"10 (PFLlib: 20, all), {rounds} rounds of {steps} steps of batch 20 (PFLlib: 2000 "
         "rounds of 1 epoch, batch 10), final accuracy (PFLlib: best over rounds); lr per "
         "method from a 3-value grid"
     )
 
 
 def pfl_not_run(ds: str, part: str) -> str:
+    rounds, steps = PFL_RUNS[ds]
     return (
-        f"not run: `personalization.py --datasets {ds} --partitions {part} --rounds "
-        f"{PFL_ROUNDS[ds]}` (result file missing or still `.partial`)"
+        f"not run: `personalization.py --datasets {ds} --partitions {part} --rounds {rounds} "
+        f"--local-steps {steps}` (result file missing or still `.partial`)"
     )
 
 
