@@ -1,8 +1,11 @@
 """Tables and a plot of `personalization.py`'s results, and the loaders the verdict rows use.
 
     PYTHONPATH=. python experiments/personalization_report.py   # markdown tables + plot
+    PYTHONPATH=. python experiments/personalization_report.py --partial   # also unfinished
 
-Reads `results/personalization/<dataset>_<partition>.json` (complete files only); every
+Reads `results/personalization/<dataset>_<partition>.json` (complete files only; with
+`--partial` also the methods done so far of a `.partial`, labelled; the verdicts never read
+those); every
 number is over the confirming seeds at each method's selected lr (selected on the
 selection seeds). Writes `results/personalization/personalization.png` and prints the
 markdown tables of experiments/README.md's section.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -42,9 +46,13 @@ def path(dataset: str, partition: str) -> str:
     return os.path.join(RESULTS, f"{dataset}_{partition}.json")
 
 
-def load(dataset: str, partition: str) -> dict:
-    """The complete result file (FileNotFoundError while it is missing or `.partial`)."""
-    with open(path(dataset, partition)) as f:
+def load(dataset: str, partition: str, partial: bool = False) -> dict:
+    """The complete result file (FileNotFoundError while it is missing or `.partial`;
+    `partial`: the `.partial` when the complete file is missing)."""
+    name = path(dataset, partition)
+    if partial and not os.path.exists(name):
+        name += ".partial"
+    with open(name) as f:
         return json.load(f)
 
 
@@ -97,10 +105,17 @@ def fmt(v: np.ndarray, d: int = 1) -> str:
     return f"{mean:.{d}f} ± {std:.{d}f}"
 
 
-def table(dataset: str, partition: str) -> str:
-    blob = load(dataset, partition)
+def table(dataset: str, partition: str, partial: bool = False) -> str:
+    blob = load(dataset, partition, partial)
+    done = (
+        ""
+        if blob.get("complete")
+        else (f"PARTIAL ({len(blob['methods'])} of 11 methods done; no verdict reads it), ")
+    )
     head = (
-        f"{LABELS[dataset]}, {LABELS[partition]} (mean over the clients with test examples; "
+        f"{LABELS[dataset]}, {LABELS[partition]}, {done}{blob['config']['rounds']} rounds of "
+        f"{blob['config']['local_steps']} local steps "
+        f"(mean over the clients with test examples; "
         f"mean ± std over {len(blob['config']['confirm_seeds'])} confirming seeds, points)\n\n"
         "| method | lr (grid) | personal mean | worst | 10th pct | pooled | minus FedAvg "
         "[95% CI] | global model: central test | global model: clients' mean | PFLlib |\n"
@@ -137,16 +152,21 @@ def table(dataset: str, partition: str) -> str:
     return head + "\n".join(rows) + "\n" + tail
 
 
-def plot(out: str) -> None:
+def exists(dataset: str, partition: str, partial: bool) -> bool:
+    name = path(dataset, partition)
+    return os.path.exists(name) or (partial and os.path.exists(name + ".partial"))
+
+
+def plot(out: str, partial: bool = False) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done = [s for s in SETTINGS if os.path.exists(path(*s))]
+    done = [s for s in SETTINGS if exists(*s, partial)]
     fig, axes = plt.subplots(1, len(done), figsize=(4.2 * len(done), 4.2), squeeze=False)
     for ax, (ds, part) in zip(axes[0], done, strict=True):
-        blob = load(ds, part)
+        blob = load(ds, part, partial)
         methods = [m for m in ("FedAvg", *PERSONALIZED) if m in blob["methods"]]
         stats = [mean_ci(np.array(list(points(blob, m).values()))) for m in methods]
         ax.barh(range(len(methods)), [s[0] for s in stats], xerr=[s[1] for s in stats],
@@ -154,18 +174,20 @@ def plot(out: str) -> None:
         ax.set_yticks(range(len(methods)), methods, fontsize=8)
         ax.invert_yaxis()
         lo = min(s[0] for s in stats)
+        mark = "" if blob.get("complete") else " (partial)"
         ax.set(xlim=(max(0, lo - 10), 100), xlabel="mean personal test accuracy (%)",
-               title=f"{LABELS[ds]}, {LABELS[part]}")  # fmt: skip
+               title=f"{LABELS[ds]}, {LABELS[part]}{mark}")  # fmt: skip
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
 
 
 def main() -> None:
+    partial = "--partial" in sys.argv[1:]
     for s in SETTINGS:
-        if os.path.exists(path(*s)):
-            print(table(*s))
-    plot(os.path.join(RESULTS, "personalization.png"))
+        if exists(*s, partial):
+            print(table(*s, partial))
+    plot(os.path.join(RESULTS, "personalization.png"), partial)
 
 
 if __name__ == "__main__":
