@@ -46,6 +46,7 @@ import cross_device_report  # noqa: E402
 import fedlps_report  # noqa: E402
 import fedmim_report  # noqa: E402
 import fgdro_report  # noqa: E402
+import personalization_report as pfl  # noqa: E402
 
 from fedjax_sim.run.convergence import rounds_to_target, speedup  # noqa: E402
 from fedjax_sim.run.sweep import mean_ci  # noqa: E402
@@ -491,6 +492,58 @@ def _lps(stem: str, setting: str, beta: float, paper: float, differs: str, cause
         lambda: lps(stem, setting, beta), paper, 1, 1.0, differs=differs,
         independent=LPS_NOSEL, cause=cause,
     )  # fmt: skip
+
+
+# personalization (issue 37): the report's loaders; PFLlib's FMNIST benchmark as the anchor
+PFL_RUNS = {"fashion_mnist": (40, 10), "digits": (100, 20)}  # rounds, local steps
+PFL_IND = ("independent: confirming seeds 100-104, each method at the lr its runs on seeds "
+           "0-2 selected (same partition)")  # fmt: skip
+
+
+def pfl_differs(ds: str) -> str:
+    model = "784-64-10" if ds == "fashion_mnist" else "64-64-10"
+    rounds, steps = PFL_RUNS[ds]
+    return (
+        f"{pfl.LABELS[ds]}, MLP {model} (PFLlib: 4-layer CNN, FMNIST only), 100 clients, cohort "
+        f"10 (PFLlib: 20, all), {rounds} rounds of {steps} steps of batch 20 (PFLlib: 2000 "
+        "rounds of 1 epoch, batch 10), final accuracy (PFLlib: best over rounds); lr per "
+        "method from a 3-value grid"
+    )
+
+
+PFL_SMALL = ("likely: personal layers fitted on ~14 training examples per client (digits: "
+             "1386 over 100 clients); not tested")  # fmt: skip
+
+
+def pfl_cause(ds: str, m: str) -> str:
+    return PFL_SMALL if ds == "digits" and m in ("FedPer", "LG-FedAvg", "FedRep") else "unknown"
+
+
+def pfl_not_run(ds: str, part: str) -> str:
+    rounds, steps = PFL_RUNS[ds]
+    return (
+        f"not run: `personalization.py --datasets {ds} --partitions {part} --rounds {rounds} "
+        f"--local-steps {steps}` (result file missing or still `.partial`)"
+    )
+
+
+def pfl_anchor(ds: str, part: str, m: str) -> tuple[str, float | None]:
+    """PFLlib's m minus FedAvg (points) as printed and as a value; none outside its table."""
+    ref = pfl.PFLLIB_FMNIST[part] if ds == "fashion_mnist" else {}
+    if m not in ref:
+        why = "not in PFLlib's table" if ds == "fashion_mnist" else "PFLlib: FMNIST only"
+        return f"none ({why})", None
+    gap = round(ref[m] - ref["FedAvg"], 2)
+    return f"{gap:+.2f} ({ref[m]:.2f} vs {ref['FedAvg']:.2f})", gap
+
+
+def pfl_every_text(ds: str, part: str) -> str:
+    if ds != "fashion_mnist":
+        return "none (PFLlib: FMNIST only)"
+    ref = pfl.PFLLIB_FMNIST[part]
+    gaps = {m: ref["FedAvg"] - v for m, v in ref.items() if m != "FedAvg"}
+    lo, hi = max(gaps, key=gaps.get), min(gaps, key=gaps.get)
+    return f"{gaps[lo]:+.2f} (vs {lo}) to {gaps[hi]:+.2f} (vs {hi}), PFLlib's 7 methods"
 
 
 ROWS: list[Row] = [
@@ -1226,6 +1279,66 @@ ROWS: list[Row] = [
         "FedAvg",
         "AREA",
     ),
+    # ---- personalization (issue 37 item 5)
+    *[
+        row
+        for ds, part in pfl.SETTINGS
+        for row in (
+            Row(
+                f"pFL presets, {pfl.LABELS[ds]} {pfl.LABELS[part]}",
+                "FedAvg is below every personalized method (mean personal accuracy)",
+                "mean personal test accuracy (points), FedAvg minus the least favourable "
+                "personalized method ({vs})",
+                pfl_every_text(ds, part),
+                (f"personalization/{ds}_{part}.json",),
+                lambda ds=ds, part=part: pfl.fedavg_vs_each(ds, part),
+                None,
+                -1,
+                digits=1,
+                differs=pfl_differs(ds),
+                independent=PFL_IND,
+                cause=pfl_cause(ds, "FedRep"),
+                not_run=pfl_not_run(ds, part),
+            ),
+            *[
+                Row(
+                    f"pFL presets, {pfl.LABELS[ds]} {pfl.LABELS[part]}",
+                    f"{m} beats FedAvg (mean personal accuracy)",
+                    f"mean personal test accuracy (points), {m} minus FedAvg",
+                    pfl_anchor(ds, part, m)[0],
+                    (f"personalization/{ds}_{part}.json",),
+                    lambda ds=ds, part=part, m=m: pfl.vs_fedavg(ds, part, m),
+                    pfl_anchor(ds, part, m)[1],
+                    digits=1,
+                    differs=pfl_differs(ds),
+                    independent=PFL_IND,
+                    cause=pfl_cause(ds, m),
+                    not_run=pfl_not_run(ds, part),
+                )
+                for m in pfl.PERSONALIZED
+            ],
+        )
+    ],
+    *[
+        Row(
+            f"pFL presets, Fashion-MNIST {pfl.LABELS[part]}",
+            f"our ranking of {what} agrees with PFLlib's",
+            f"Spearman rho, our mean personal accuracies of {what} vs PFLlib's, per seed",
+            "none (rho = 1 would be the same order)",
+            (f"personalization/fashion_mnist_{part}.json",),
+            lambda part=part, fedavg=fedavg: pfl.rank_agreement(part, fedavg),
+            None,
+            digits=2,
+            differs=pfl_differs("fashion_mnist"),
+            independent=PFL_IND,
+            not_run=pfl_not_run("fashion_mnist", part),
+        )
+        for part in ("dir0.1", "shards2")
+        for fedavg, what in (
+            (True, "FedAvg and PFLlib's 7 pFL methods"),
+            (False, "PFLlib's 7 pFL methods (FedAvg left out)"),
+        )
+    ],
 ]
 
 
