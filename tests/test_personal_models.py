@@ -320,21 +320,26 @@ def test_every_preset_runs_through_simulate(problem, name):
     assert personal["w"].shape == (2, DIM) and np.isfinite(personal["w"]).all()
 
 
-def test_host_rows_equal_device_rows(problem):
-    """APFL (rows: a model and a scalar per client) with `state_rows="host"`: the same final
-    state and personal models as `simulate`."""
-    alg = PRESETS["apfl"]()
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_host_rows_equal_device_rows(problem, name):
+    """Every preset streamed with `state_rows="host"` (Ditto's, pFedMe's personal models and
+    APFL's model and mixing scalar per client stay on the host; Per-FedAvg and FedAvg-FT have
+    no rows: streamed with device rows, and host rows refused): the same final state and
+    personal models as `simulate`."""
+    alg = PRESETS[name]()
+    rows = "device" if name in ("per_fedavg", "fedavg_ft") else "host"
     key = jax.random.key(9)
     common = dict(model=MODEL, num_rounds=3, progress=False, return_state=True)
     evaluation = EvalSpec(every=2, central=False, clients=False)
     _, on_device = simulate(alg, problem.data, key, evaluation=evaluation, **common)
     store = ClientStore.from_federated(problem.data)
+    plan = AlgorithmCohorts(SMALL["cohort"], store.counts)
     _, on_host = simulate_streamed(
         alg,
         store,
         key,
-        plan=AlgorithmCohorts(SMALL["cohort"], store.counts),
-        state_rows="host",
+        plan=plan,
+        state_rows=rows,
         evaluation=evaluation,
         **common,
     )
@@ -345,3 +350,6 @@ def test_host_rows_equal_device_rows(problem):
         jax.jit(alg.personalize)(on_device, problem.data, ids, key)["w"],
         jax.jit(alg.personalize)(on_host, problem.data, ids, key)["w"],
     )
+    if rows == "device":
+        with pytest.raises(ValueError, match="keeps no per-client rows"):
+            simulate_streamed(alg, store, key, plan=plan, state_rows="host", **common)
