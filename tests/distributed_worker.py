@@ -29,6 +29,7 @@ from fedjax_sim.algorithms.core import local_train, minibatch  # noqa: E402
 from fedjax_sim.algorithms.device_model import DeviceModel, named_profiles  # noqa: E402
 from fedjax_sim.algorithms.fedbuff import fedbuff  # noqa: E402
 from fedjax_sim.algorithms.partitioned import fedper  # noqa: E402
+from fedjax_sim.algorithms.personal_models import ditto  # noqa: E402
 from fedjax_sim.algorithms.scaffold import scaffold  # noqa: E402
 from fedjax_sim.data import least_squares  # noqa: E402
 from fedjax_sim.models import linear_regression  # noqa: E402
@@ -105,6 +106,15 @@ def stateful_algorithms(client_map):
             device_model=DeviceModel(
                 named_profiles("always_on"), deadline=4.0, late="partial", over_selection=1.25
             ),
+            client_map=client_map,
+        ),
+        "ditto": ditto(
+            lambda p, b: model.loss({"w": p["w"] * p["z"]}, b),
+            num_clients=16,
+            lam=0.5,
+            client_optimizer=0.05,
+            local=local,
+            cohort=CohortSpec(size=10),
             client_map=client_map,
         ),
         "fedper": fedper(

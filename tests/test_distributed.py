@@ -50,13 +50,13 @@ def test_sharded_equals_unsharded(sharded_results, name, cohort, cmap):
     np.testing.assert_allclose(shard, plain, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["scaffold", "area", "fedbuff", "fedper", "fedavg_clock"])
+@pytest.mark.parametrize("name", ["scaffold", "area", "fedbuff", "fedper", "ditto", "fedavg_clock"])
 @pytest.mark.parametrize("cmap", ["vmap", "map2"])
 def test_sharded_per_client_state_and_async_equal_unsharded(sharded_results, name, cmap):
-    """SCAFFOLD's `[C, d]` control variates, FedPer's personal heads, AREA's / FedBuff's
-    per-client memories and event bookkeeping, and FedAvg on the virtual clock (over-selection
-    and a deadline with partial work) sharded over 4 devices; cohort 10 and 7 event slots
-    padded to 12 / 8."""
+    """SCAFFOLD's `[C, d]` control variates, FedPer's personal heads, Ditto's personal models,
+    AREA's / FedBuff's per-client memories and event bookkeeping, and FedAvg on the virtual
+    clock (over-selection and a deadline with partial work) sharded over 4 devices; cohort 10
+    and 7 event slots padded to 12 / 8."""
     r = sharded_results
     plain = r[f"{name}/stateful/{cmap}/plain"]
     shard = r[f"{name}/stateful/{cmap}/sharded"]
