@@ -185,6 +185,29 @@ def test_simulate_personal_eval_uses_each_clients_cluster():
     assert np.asarray(history.metric("cluster_sizes")).sum(axis=1).tolist() == [M] * 20
 
 
+def test_unseen_clients_adapt_from_the_largest_cluster():
+    """Unseen clients' k local steps start from the declared global model (the largest
+    cluster), not from the stacked `[K, ...]` models: `simulate(unseen=...)` equals
+    `evaluate_unseen` on the state with that model as its params."""
+    from fedjax_sim.data.unseen import held_out
+    from fedjax_sim.run.evaluation import evaluate_unseen
+
+    train, unseen = held_out(planted(seed=2), 3, 0)
+    key = jax.random.key(5)
+    alg = ifca(MODEL.loss, clusters=K, cluster_init=init_fn, **kw())
+    spec = EvalSpec(every=3, central=False, clients=False, unseen_steps=2, unseen_lr=0.1)
+    history, state = simulate(
+        alg, train, key, num_rounds=3, model=MODEL, evaluation=spec, unseen=unseen,
+        progress=False, return_state=True,
+    )  # fmt: skip
+    start = state.replace(params=largest_cluster(state))
+    expected = evaluate_unseen(MODEL, start, unseen, key, steps=2, lr=0.1,
+                               batch_size=spec.unseen_batch_size)  # fmt: skip
+    np.testing.assert_allclose(
+        history.evals[-1]["unseen_loss_mean"], float(expected["unseen_loss_mean"]), rtol=1e-6
+    )
+
+
 # ------------------------------------------------------------------------------ drivers
 @pytest.fixture(scope="module")
 def digits():

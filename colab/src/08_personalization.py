@@ -12,7 +12,7 @@
 # `simulate(unseen=...)` adapts clients never trained on by k local steps from the global
 # model before testing them.
 #
-# Here: FedAvg vs FedPer vs Ditto on scikit-learn digits split over 50 clients with
+# Here: FedAvg vs FedPer vs Ditto vs IFCA on scikit-learn digits split over 50 clients with
 # Dirichlet(0.1) label skew (most clients see two or three digits), 5 of them held out as
 # unseen clients.
 
@@ -42,7 +42,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from fedjax_sim import EvalSpec, simulate
-from fedjax_sim.algorithms import CohortSpec, LocalSpec, ditto, fedavg, fedper
+from fedjax_sim.algorithms import CohortSpec, LocalSpec, ditto, fedavg, fedper, ifca
 from fedjax_sim.data import load_digits
 from fedjax_sim.data.unseen import held_out
 from fedjax_sim.models import mlp
@@ -59,17 +59,20 @@ print(f"{train.num_clients} trained clients, {unseen.num_clients} unseen; classe
       classes)
 
 # %% [markdown]
-# ## Three runs, each evaluated per client
+# ## Four runs, each evaluated per client
 # `personal=True` adds `personal_accuracy_mean / _p10 / _worst` (each client's own model) to
 # the evaluation rows, beside `client_accuracy_*` (the global model on the same test
 # splits) and `unseen_accuracy_*` (unseen clients after `unseen_steps` local steps).
-# FedAvg has no `personalize`: its personal models are the global one.
+# FedAvg has no `personalize`: its personal models are the global one. IFCA (Ghosh et al.
+# 2020) keeps K = 2 cluster models; each client trains and keeps the one that fits its data
+# best, and the "global" model is the cluster most clients chose in the latest round.
 
 # %%
 ALGORITHMS = {
     "FedAvg": fedavg(model.loss, **common),
     "FedPer": fedper(model.loss, num_clients=train.num_clients, **common),
     "Ditto": ditto(model.loss, num_clients=train.num_clients, lam=0.1, **common),
+    "IFCA": ifca(model.loss, clusters=2, cluster_init=model.init, **common),
 }
 evaluation = EvalSpec(every=EVAL_EVERY, personal=True, unseen_steps=5, unseen_lr=0.1)
 histories = {

@@ -20,7 +20,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh
 
-from fedjax_sim.algorithms.core import Algorithm, Personalize, global_model, tree_all_finite
+from fedjax_sim.algorithms.core import Algorithm, global_model, tree_all_finite
 from fedjax_sim.data.federated import ArrayData, FederatedData
 from fedjax_sim.models.base import Model
 from fedjax_sim.run.evaluation import (  # noqa: F401 (client_stats: re-exported)
@@ -167,9 +167,7 @@ def simulate(
         data,
         test,
         key,
-        _compiled_state_evaluator(
-            model, evaluation, algorithm.personalize, client_map, unseen is not None
-        )
+        _compiled_state_evaluator(model, evaluation, algorithm, client_map, unseen is not None)
         if evaluation.personal or unseen is not None
         else None,
         unseen,
@@ -279,22 +277,28 @@ def compiled_evaluator(model: Model, spec: EvalSpec, client_map: ClientMap, has_
 def _compiled_state_evaluator(
     model: Model,
     spec: EvalSpec,
-    personalize: Personalize | None,
+    algorithm: Algorithm,
     client_map: ClientMap,
     has_unseen: bool,
 ):
     """`jit(evaluate(state, data, key, unseen))`: the evaluations that need the state (each
-    client's own model) or other clients (unseen ones)."""
+    client's own model) or other clients (unseen ones, adapted from the global model:
+    `Algorithm.model`'s where it declares one)."""
 
     def evaluate(state, data: FederatedData, key, unseen: FederatedData | None):
         out = {}
         if spec.personal:
-            out.update(evaluate_personal(model, personalize, state, data, key, client_map))
+            out.update(
+                evaluate_personal(model, algorithm.personalize, state, data, key, client_map)
+            )
         if has_unseen:
+            start = (
+                state if algorithm.model is None else state.replace(params=algorithm.model(state))
+            )
             out.update(
                 evaluate_unseen(
                     model,
-                    state,
+                    start,
                     unseen,
                     key,
                     steps=spec.unseen_steps,
