@@ -42,6 +42,8 @@ class Aggregator(NamedTuple):
         otherwise the sum is fused into the client map and `[M, d]` never exists.
       round_trips: server round trips of the upload protocol (1: one message; secure
         aggregation's 4); the virtual clock adds `round_trip_latency` per extra one.
+      private: `reduce` is differentially private (`privacy.dp_mean`: noise and a
+        denominator fixed by the expected cohort); wrappers keep their inner one's.
     """
 
     init: Callable[[Params, int], tuple[Any, dict[str, Any]]]
@@ -50,6 +52,7 @@ class Aggregator(NamedTuple):
     payload: Callable[[Params], float] | None = None
     stacked: bool = False
     round_trips: int = 1
+    private: bool = False
 
 
 @struct.dataclass
@@ -120,6 +123,7 @@ def wrap(
         payload=payload or inner.payload,
         stacked=inner.stacked,
         round_trips=inner.round_trips,
+        private=inner.private,
     )
 
 

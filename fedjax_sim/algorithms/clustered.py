@@ -57,7 +57,6 @@ Deviation: the server optimizer's state of a cluster nobody chose sees a zero ps
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from typing import Any
 
 import jax
@@ -164,7 +163,7 @@ def _check_aggregator(aggregator: Aggregator | None) -> Aggregator:
             "IFCA refuses robust aggregators: they see each client's [K, ...] update with zeros "
             "at the clusters it did not choose, so their rule is not a per-cluster one"
         )
-    if _is_dp(aggregator):
+    if aggregator.private:
         raise ValueError(
             "IFCA refuses DP aggregation: dp_mean divides by a fixed expected cohort, IFCA's "
             "cluster means by how many clients chose each cluster, a count DP does not protect"
@@ -173,26 +172,6 @@ def _check_aggregator(aggregator: Aggregator | None) -> Aggregator:
     payload = aggregator.payload or tree_size_bytes
     # what a client sends on the wire: one model's update (the index is the hook's output)
     return aggregator._replace(payload=lambda models: float(payload(one(models))))
-
-
-def _is_dp(aggregator: Aggregator) -> bool:
-    """Whether `privacy.dp_mean` reduces the sum, directly or inside the aggregators this one
-    wraps (wrappers keep their inner aggregator's `reduce`, secure aggregation and
-    ALIE's colluding aggregator close over their `inner`)."""
-    seen, todo = set(), [aggregator.reduce]
-    while todo:
-        fn = todo.pop()
-        if id(fn) in seen or not callable(fn):
-            continue
-        seen.add(id(fn))
-        if getattr(fn, "__qualname__", "").startswith("dp_mean."):
-            return True
-        try:
-            closure = inspect.getclosurevars(fn).nonlocals.values()
-        except (TypeError, ValueError):
-            continue
-        todo += [v.reduce for v in closure if isinstance(v, Aggregator)]
-    return False
 
 
 def _check_clusters(clusters: Any) -> None:

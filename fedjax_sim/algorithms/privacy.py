@@ -156,6 +156,7 @@ def dp_mean(
         encode=encode,
         reduce=reduce,
         payload=lambda params: float(tree_size_bytes(params)) + (4.0 if adaptive else 0.0),
+        private=True,
     )
 
 

@@ -369,6 +369,7 @@ def secure_aggregation(
         payload=payload,
         stacked=True,
         round_trips=ROUND_TRIPS,
+        private=inner.private,
     )
 
 
