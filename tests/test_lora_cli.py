@@ -14,11 +14,17 @@ from fedjax_sim import data
 from fedjax_sim.algorithms.client_work import ClientWork
 from fedjax_sim.algorithms.compose import compose
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec, Stragglers
+from fedjax_sim.algorithms.device_model import (
+    PROFILES,
+    DeviceModel,
+    ProceduralProfiles,
+    constant,
+)
 from fedjax_sim.algorithms.local_hook import chain
-from fedjax_sim.algorithms.lora import flora, hetlora, lora_partition
+from fedjax_sim.algorithms.lora import device_class_ranks, flora, hetlora, lora_partition
 from fedjax_sim.app import validate
 from fedjax_sim.app.cli import main
-from fedjax_sim.app.config import RunConfig, build_run
+from fedjax_sim.app.config import RunConfig, algorithm_kwargs, build_run, device_profiles
 from fedjax_sim.core.checks import UsageError
 from fedjax_sim.models import transformer
 from fedjax_sim.models.transformer import lora_scale, save_params
@@ -201,3 +207,78 @@ def test_bytes_up_counts_each_clients_true_rank(rule):
         sent = ranks[ids][np.asarray(metrics["cohort_weights"]) > 0]
         assert float(metrics["bytes_up"]) == per_rank * sent.sum()
         assert float(metrics["bytes_up"]) < len(sent) * padded
+
+
+@pytest.mark.parametrize("rule", ["hetlora", "flora"])
+def test_the_clock_times_each_clients_upload_at_its_rank(rule):
+    """On the virtual clock a rank-r_i client uploads `(d_in + d_out) r_i` values per
+    module, not the padded rank-r adapters: the round time is the slowest reporter's
+    `bytes_down / downlink + steps / speed + bytes_i / uplink`, computed here from the
+    device profile and the true ranks (with padded uploads every client would take the
+    rank-4 time, which the last assertion tells apart)."""
+    train, _ = _task()
+    r, d_model, layers = 4, 64, 2
+    model = transformer(train.x.shape[2:], int(np.max(train.y)) + 1, lora_rank=r,
+                        lora_targets=("query", "value"))  # fmt: skip
+    ranks = np.array([1, 3, 2, 1])
+    hook = hetlora(ranks) if rule == "hetlora" else flora(ranks, 1.0)
+    work = ClientWork(model.loss, client_optimizer=0.1, local=LocalSpec(steps=2, batch_size=4),
+                      hook=chain(hook), partition=lora_partition())  # fmt: skip
+    speed, up, down = 4.0, 1000.0, 1.0e6
+    profiles = ProceduralProfiles(0, speed=constant(speed), uplink=constant(up),
+                                  downlink=constant(down), **PROFILES["always_on"])  # fmt: skip
+    alg = compose(work, num_clients=C, cohort=CohortSpec(size=3), report_cohort=True,
+                  device_model=DeviceModel(profiles, availability=False))  # fmt: skip
+    params = model.init(jax.random.key(0))
+    state = alg.init(params, jax.random.key(0))
+    per_rank = layers * 2 * (d_model + d_model) * 4  # blocks x modules x (A col + B row) x f32
+    adapters = sum(v.size * 4 for p, v in _flat(params).items() if "lora_" in p)
+    for t in range(2):
+        state, metrics = jax.jit(alg.step)(state, train, jax.random.key(t + 1))
+        ids = np.asarray(metrics["cohort_ids"])
+        sent = ranks[ids][np.asarray(metrics["cohort_weights"]) > 0]
+        times = adapters / down + 2 / speed + per_rank * sent / up
+        np.testing.assert_allclose(float(metrics["round_time"]), times.max(), rtol=1e-6)
+        assert float(metrics["bytes_up"]) == per_rank * sent.sum()
+        padded = adapters / down + 2 / speed + r * per_rank / up
+        assert float(metrics["round_time"]) < padded
+
+
+# ------------------------------------------------------------------------------ device class
+def test_ranks_by_device_class():
+    """Sorted by speed, the clients fall into equal classes, slowest class -> smallest rank
+    (class of the k-th slowest: k * n_ranks // C)."""
+    speeds = np.array([5.0, 1.0, 3.0, 2.0, 4.0, 6.0])  # slowest three: ids 1, 3, 2
+    np.testing.assert_array_equal(device_class_ranks((8, 2), speeds), [8, 2, 2, 2, 8, 8])
+    # 7 clients, 3 classes of sizes 3, 2, 2; client 6 is the slowest
+    np.testing.assert_array_equal(
+        device_class_ranks((4, 1, 2), np.arange(7.0)[::-1]), [4, 4, 2, 2, 1, 1, 1]
+    )
+
+
+def test_cli_ranks_by_speed_follow_the_device_model():
+    """`--lora-ranks-by speed`: the preset's ranks are the device classes of the
+    `--device-model` profiles' speeds (faster device, rank at least as large), 1/3 each."""
+    cfg = RunConfig(model="transformer", dataset="markov_tokens", num_clients=30,
+                    lora_rank=4, lora_rule="hetlora", lora_ranks=(4, 1, 2),
+                    lora_ranks_by="speed", device_model="phones")  # fmt: skip
+    validate.check_config(cfg)
+    ranks = np.asarray(algorithm_kwargs(cfg)["ranks"])
+    speeds = np.asarray(device_profiles(cfg)(jax.numpy.arange(30)).speed)
+    assert np.bincount(ranks)[[1, 2, 4]].tolist() == [10, 10, 10]
+    order = np.argsort(speeds, kind="stable")
+    assert np.all(np.diff(ranks[order]) >= 0)
+    assert len(set(speeds.tolist())) > 3  # the phones' speeds differ: a real ordering
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--lora-rule", "hetlora", "--lora-ranks", "1", "2", "--lora-ranks-by", "speed"],
+         ["--lora-ranks-by speed needs --device-model"]),
+        (["--lora-ranks-by", "speed"], ["--lora-ranks-by speed needs --lora-rule"]),
+    ],
+)  # fmt: skip
+def test_ranks_by_speed_refused_without_its_inputs(extra, words, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    _refused(capsys, [*RUN, "--lora-rank", "4", *extra], *words)

@@ -27,7 +27,7 @@ from fedjax_sim.algorithms.optimizers import (
 )
 from fedjax_sim.algorithms.partition import PERSONAL_ROWS, TRAINABLE, Partition
 from fedjax_sim.core.checks import is_concrete, non_negative
-from fedjax_sim.core.rows import Rows
+from fedjax_sim.core.rows import Rows, gather_rows
 from fedjax_sim.data.federated import FederatedData, tree_size_bytes
 
 
@@ -172,6 +172,18 @@ class ClientWork:
                 if part not in h.not_sent:
                     total += tree_size_bytes(tree[h.name])
         return total
+
+    def update_bytes(
+        self, params: Params, ids: jax.Array, rows: dict[str, Any]
+    ) -> jax.Array | None:
+        """`[M]` bytes of each client's update where a hook declares them (`LocalHook.
+        update_bytes`; `params`: x_t, `rows`: the state's per-client rows), else None (the
+        update's shapes)."""
+        for h in self.hook.hooks:
+            if h.update_bytes is not None:
+                row = gather_rows(rows[h.name], ids) if h.name in rows else None
+                return h.update_bytes(self.trainable(params), ids, row)
+        return None
 
     # -- one client
     def train(

@@ -104,6 +104,14 @@ class FederatedState:
     clock: Any = None
 
 
+def _round_bytes_up(per_client: Any, reported: jax.Array, participants: jax.Array) -> jax.Array:
+    """The round's `bytes_up`: `participants` x one client's bytes, or the sum of the `[N]`
+    per-client bytes over the reporting slots."""
+    if jnp.ndim(per_client) == 0:
+        return participants.astype(jnp.float32) * per_client
+    return jnp.sum(jnp.where(reported, per_client, 0.0))
+
+
 def compose(
     work: ClientWork,
     *,
@@ -210,7 +218,9 @@ def compose(
         local_key = round_key(key, t, LOCAL)
         uplink_key = round_key(key, t, UPLINK)
         agg_server, agg_rows = state.aggregator.server, state.aggregator.rows
-        uplink = {}  # bytes one client sends, from the shapes of what it sends (at trace time)
+        # bytes one client sends, from the shapes of what it sends (at trace time): its update
+        # and the hooks' other parts
+        uplink = {}
 
         def client_fn_for(broadcast):
             def client_fn(cid, steps, rows, agg_row, client_input):
@@ -232,7 +242,7 @@ def compose(
                 sent_bytes = (
                     aggregator.payload(x_shared) if aggregator.payload else tree_size_bytes(sent)
                 )
-                uplink["bytes"] = sent_bytes + work.bytes_up(res)
+                uplink["update"], uplink["other"] = sent_bytes, work.bytes_up(res)
                 summand = (sent, res.loss, tree_sq_norm(work.shared(res.delta, x)), res.summands)
                 stacked = sent if stack_sent else None
                 return summand, (res.steps, res.rows, agg_row, res.outputs, stacked)
@@ -240,9 +250,9 @@ def compose(
             return client_fn
 
         def client_bytes(ids, weights, num_steps):
-            """`(bytes one client receives, bytes it sends)` this round, from the shapes and
-            dtypes of what it receives and sends: the hooks' `prepare` and one client's work
-            traced by `jax.eval_shape` (nothing of it runs)."""
+            """`(bytes one client receives, bytes each sends)` this round (`upload_bytes`),
+            from the shapes and dtypes of what it receives and sends: the hooks' `prepare`
+            and one client's work traced by `jax.eval_shape` (nothing of it runs)."""
             sizes = {}
 
             def one(ids, weights, num_steps):
@@ -261,7 +271,16 @@ def compose(
                 )
 
             jax.eval_shape(one, ids, weights, num_steps)
-            return sizes["down"], uplink["bytes"]
+            return sizes["down"], upload_bytes(ids)
+
+        def upload_bytes(ids):
+            """Bytes each client of `ids [N]` sends: `[N]` where a hook sizes its update
+            (`LocalHook.update_bytes`) and the aggregator has no wire format of its own,
+            else one number for all."""
+            sized = None if aggregator.payload else work.update_bytes(x, ids, state.rows)
+            if sized is None:
+                return uplink["update"] + uplink["other"]
+            return sized.astype(jnp.float32) + jnp.float32(uplink["other"])
 
         clock, device_metrics, downloads = state.clock, {}, None
         if device_model is not None:
@@ -375,7 +394,7 @@ def compose(
             "local_steps": jnp.sum(jnp.where(part, local_steps, 0)) / jnp.maximum(jnp.sum(part), 1),
             "update_norm": tree_norm(mean_update),
             "consistency": consistency(mean_sq_norm, mean_update),
-            "bytes_up": participants.astype(jnp.float32) * uplink["bytes"] + cohort_up,
+            "bytes_up": _round_bytes_up(upload_bytes(ids), part, participants) + cohort_up,
             "bytes_down": downloads.astype(jnp.float32) * down + cohort_down,
             **agg_metrics,
             **metrics,

@@ -486,14 +486,15 @@ class DeviceModel:
         *,
         keep: int,
         bytes_down: float,
-        bytes_up: float,
+        bytes_up: float | jax.Array,
         round_trips: int = 1,
     ) -> Plan:
         """The round starting at virtual time `clock` for the drawn cohort `ids [N]` with
         `weights [N]` and local steps `num_steps [N]`; keeps `keep` (= M <= N) slots; `key`:
         `round_key(key, t, DEVICES)`; `bytes_down` / `bytes_up`: what one client receives /
-        sends this round; `round_trips`: the upload protocol's server round trips (the
-        aggregator's; each one beyond the first adds `round_trip_latency`)."""
+        sends this round (`bytes_up` may be `[N]`, per client: HetLoRA's ranks);
+        `round_trips`: the upload protocol's server round trips (the aggregator's; each one
+        beyond the first adds `round_trip_latency`)."""
         dtype = float_dtype()
         clock = jnp.asarray(clock, dtype)
         profile = self.profiles(ids)

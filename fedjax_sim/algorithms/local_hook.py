@@ -194,6 +194,12 @@ class LocalHook:
         `"output"`; e.g. FedLPS' output, the client's final model `x_t + Delta_i`). Every
         other part is counted in `bytes_up` (summand, output: per client) and `bytes_down`
         (broadcast, client input: per client), from its shapes and dtypes.
+      update_bytes: `(view, ids [M], rows) -> [M]`, the bytes of each client's update on the
+        wire where a client sends less than the update's shapes (HetLoRA's and FLoRA's rank-r_i
+        clients send r_i of the r padded ranks); `view`: the trainable view of x_t, `rows`:
+        the hook's rows of those clients (None without). Default None: the shapes. It counts
+        the plain upload only; an aggregator's own wire format (`Aggregator.payload`) wins.
+        At most one hook of a chain declares it.
     """
 
     name: str
@@ -205,6 +211,7 @@ class LocalHook:
     finish: Finish = _finish
     finalize: Finalize = _finalize
     not_sent: tuple[str, ...] = ()
+    update_bytes: Callable[[Params, jax.Array, Any], jax.Array] | None = None
 
 
 class Chain(NamedTuple):
@@ -228,4 +235,7 @@ def chain(*hooks: LocalHook) -> Chain:
             raise TypeError(f"chain takes LocalHook parts, got {h!r}")
         if set(h.not_sent) - set(PARTS):
             raise ValueError(f"hook {h.name!r}: not_sent names parts of {PARTS}, got {h.not_sent}")
+    sized = [h.name for h in hooks if h.update_bytes is not None]
+    if len(sized) > 1:
+        raise ValueError(f"at most one hook may declare update_bytes, got {sized}")
     return Chain(tuple(hooks))

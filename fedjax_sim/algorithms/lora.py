@@ -47,12 +47,12 @@ rank-r adapters, not the stacked ones (`sum_i r_i` ranks).
 
 Bytes: a rank-r_i client sends its truncated modules, `r_i` columns of A and rows of B
 (`(d_in + d_out) r_i` values per module); the round's update is zero-padded on the server.
-Both hooks report `bytes_up` = the sum over the reporting clients (weight > 0) of those
-sizes (`uplink_bytes`), replacing the simulation's count of the padded rank-r tensors; the
-client's rank is not counted (the server reads it from the shapes it receives). This is the
-plain upload: an aggregator's own wire format (compression, secure aggregation, whose
-masked vectors must all have one length, the padded one; DP's clipped bit) is not in it.
-The virtual clock (`device_model`) still times every upload at the padded size.
+Both hooks declare those sizes per client (`LocalHook.update_bytes`, `rank_bytes` x r_i), so
+the round's `bytes_up` sums them over the reporting clients and the virtual clock
+(`device_model`) times each client's upload at its own size; the client's rank is not
+counted (the server reads it from the shapes it receives). This is the plain upload: an
+aggregator's own wire format (compression, secure aggregation, whose masked vectors must all
+have one length, the padded one) replaces it.
 
 Presets (the CLI's `--lora-rule hetlora|flora --lora-ranks ...`): `hetlora_fedavg` and
 `flora_fedavg` are FedAvg (both papers' local SGD and server step) with the rule's hook;
@@ -176,16 +176,25 @@ def _padded_update(ctx: HookContext, outcome: LocalOutcome, rank: jax.Array) -> 
     return jax.tree.map(jnp.subtract, truncate(final, rank), ctx.anchor)
 
 
-def uplink_bytes(tree: Params, ranks: jax.Array, weights: jax.Array) -> jax.Array:
-    """Bytes the reporting clients (`weights > 0`) of ranks `ranks [M]` send: `(d_in + d_out)
-    r_i` values per adapted module of `tree` (a model or a view), at their dtypes' sizes."""
-    per_rank = sum(
+def rank_bytes(tree: Params) -> int:
+    """Bytes one rank of every adapted module of `tree` (a model or a view) takes: a column
+    of A and a row of B, `d_in + d_out` values per module at their dtypes' sizes."""
+    return sum(
         m["lora_a"].shape[0] * m["lora_a"].dtype.itemsize
         + m["lora_b"].shape[1] * m["lora_b"].dtype.itemsize
         for m in _modules(tree).values()
     )
-    sent = jnp.sum(jnp.where(weights > 0, ranks, 0).astype(jnp.float32))
-    return jnp.float32(per_rank) * sent
+
+
+def _update_bytes(ranks: jax.Array):
+    """`LocalHook.update_bytes` of rank-r_i clients: `rank_bytes x r_i` (`r_i` capped by the
+    client's pruned rank, its row, where it has one)."""
+
+    def update_bytes(view, ids, row):
+        rank = ranks[ids] if row is None else jnp.minimum(ranks[ids], row)
+        return jnp.float32(rank_bytes(view)) * rank.astype(jnp.float32)
+
+    return update_bytes
 
 
 # ------------------------------------------------------------------------------ HetLoRA
@@ -250,8 +259,7 @@ def hetlora(
         weights = summary.cohort.weights
         m = weights > 0
         rank = jnp.sum(jnp.where(m, summary.outputs, 0.0)) / jnp.maximum(jnp.sum(m), 1)
-        sent = uplink_bytes(summary.params, summary.outputs, weights)
-        return server, server_step(update), {"hetlora_rank": rank, "bytes_up": sent}
+        return server, server_step(update), {"hetlora_rank": rank}
 
     return LocalHook(
         "hetlora",
@@ -262,6 +270,7 @@ def hetlora(
         # the server computes the norms from the modules it receives, their ranks from
         # the shapes
         not_sent=("summand", "output"),
+        update_bytes=_update_bytes(ranks),
     )
 
 
@@ -299,8 +308,7 @@ def flora(ranks: Sequence[int] | np.ndarray, scale: float) -> LocalHook:
 
         model = walk(summary.model, ())
         norm = jnp.sqrt(sum(jnp.sum(jnp.square(v)) for v in merged.values()))
-        sent = uplink_bytes(summary.params, summary.outputs, summary.cohort.weights)
-        return server, model, {"flora_merged_norm": norm, "bytes_up": sent}
+        return server, model, {"flora_merged_norm": norm}
 
     return LocalHook(
         "flora",
@@ -309,6 +317,7 @@ def flora(ranks: Sequence[int] | np.ndarray, scale: float) -> LocalHook:
         finalize=finalize,
         # the server forms the products from the stacked modules, the ranks from the shapes
         not_sent=("summand", "output"),
+        update_bytes=_update_bytes(ranks),
     )
 
 
@@ -316,6 +325,20 @@ def flora(ranks: Sequence[int] | np.ndarray, scale: float) -> LocalHook:
 def client_ranks(ranks: Sequence[int], num_clients: int) -> np.ndarray:
     """`[C]` ranks: client i gets `ranks[i mod len(ranks)]` (the CLI's `--lora-ranks`)."""
     return np.asarray(ranks, np.int32)[np.arange(num_clients) % len(ranks)]
+
+
+def device_class_ranks(ranks: Sequence[int], speeds: np.ndarray) -> np.ndarray:
+    """`[C]` ranks by device class (the CLI's `--lora-ranks-by speed`): the clients sorted by
+    compute speed `speeds [C]` (ties by id) are cut into `len(ranks)` classes of equal size
+    (up to one client), and the k-th slowest class gets the k-th smallest rank."""
+    speeds = np.asarray(speeds)
+    if speeds.ndim != 1 or speeds.size == 0:
+        raise ValueError(f"speeds must be a non-empty [C] array, got shape {speeds.shape}")
+    num_clients = speeds.size
+    order = np.argsort(speeds, kind="stable")
+    rank_class = np.empty(num_clients, np.int64)
+    rank_class[order] = np.arange(num_clients) * len(ranks) // num_clients
+    return np.sort(np.asarray(ranks, np.int32))[rank_class]
 
 
 @preset(stragglers=Stragglers(policy="drop"))
@@ -368,6 +391,7 @@ def stacked_product(a: Sequence[np.ndarray], b: Sequence[np.ndarray], weights) -
 __all__ = [
     "LORA_RULES",
     "client_ranks",
+    "device_class_ranks",
     "flora",
     "flora_fedavg",
     "hetlora",
@@ -375,8 +399,8 @@ __all__ = [
     "lora_partition",
     "max_rank",
     "products",
+    "rank_bytes",
     "stacked_product",
     "tail_norm",
     "truncate",
-    "uplink_bytes",
 ]

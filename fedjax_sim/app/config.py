@@ -71,7 +71,11 @@ class RunConfig:
     client's true rank."""
     lora_ranks: tuple[int, ...] = ()
     """The ranks of --lora-rule, each <= --lora-rank, assigned to clients by id modulo their
-    number (e.g. 2 4 8: clients 0, 3, 6, ... rank 2)."""
+    number (e.g. 2 4 8: clients 0, 3, 6, ... rank 2), or by device class (--lora-ranks-by)."""
+    lora_ranks_by: Literal["id", "speed"] = "id"
+    """How --lora-ranks are assigned: by client id modulo their number, or by device class
+    ("speed", with --device-model): the clients sorted by compute speed are cut into as many
+    equal classes as ranks, the slowest class gets the smallest rank."""
     pretrained: str | None = None
     """A pretrained transformer checkpoint (a flax msgpack file, `models.transformer.
     save_params`, or an orbax checkpoint directory) as the run's initial model; with
@@ -807,7 +811,11 @@ def lora_summary(cfg: RunConfig, model: Any) -> str | None:
     )
     if cfg.lora_rule is not None:
         ranks = " ".join(map(str, cfg.lora_ranks))
-        words += f", {cfg.lora_rule} with client i of rank ({ranks})[i mod {len(cfg.lora_ranks)}]"
+        if cfg.lora_ranks_by == "speed":
+            words += f", {cfg.lora_rule} with ranks ({ranks}) by device speed class"
+        else:
+            n = len(cfg.lora_ranks)
+            words += f", {cfg.lora_rule} with client i of rank ({ranks})[i mod {n}]"
     return words if start is None else f"{words}, {start}"
 
 
@@ -1011,11 +1019,17 @@ def _concept_values(
 
         values["partition"] = lora_partition()
     if cfg.lora_rule is not None:  # validate.check_lora: with --lora-rank and --lora-ranks
-        from fedjax_sim.algorithms.lora import client_ranks
+        from fedjax_sim.algorithms.lora import client_ranks, device_class_ranks
         from fedjax_sim.models.transformer import lora_scale
 
         num_clients = cfg.num_clients if data is None else data.num_clients
-        values["ranks"] = client_ranks(cfg.lora_ranks, num_clients)
+        if cfg.lora_ranks_by == "speed":  # validate.check_lora_rule: with --device-model
+            import jax.numpy as jnp
+
+            speeds = device_profiles(cfg)(jnp.arange(num_clients)).speed
+            values["ranks"] = device_class_ranks(cfg.lora_ranks, speeds)
+        else:
+            values["ranks"] = client_ranks(cfg.lora_ranks, num_clients)
         values["scale"] = lora_scale(cfg.lora_rank, cfg.lora_alpha)
     return values
 

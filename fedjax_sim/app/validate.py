@@ -425,10 +425,15 @@ def check_lora_rule(cfg: Any) -> None:
     """--lora-rule and --lora-ranks come together, need --lora-rank (the largest rank) and
     run on FedAvg's local SGD and plain upload (the rule's bytes_up)."""
     rule, ranks = getattr(cfg, "lora_rule", None), getattr(cfg, "lora_ranks", ())
+    by = getattr(cfg, "lora_ranks_by", "id")
     if rule is None:
         if ranks:
             raise UsageError("--lora-ranks needs --lora-rule hetlora or flora (the aggregation)")
+        if by != "id":
+            raise UsageError(f"--lora-ranks-by {by} needs --lora-rule and --lora-ranks")
         return
+    if by == "speed" and getattr(cfg, "device_model", None) is None:
+        raise UsageError("--lora-ranks-by speed needs --device-model (the clients' speeds)")
     if not ranks:
         raise UsageError(f"--lora-rule {rule} needs --lora-ranks (the clients' ranks)")
     if cfg.lora_rank is None:
