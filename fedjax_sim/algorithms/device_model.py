@@ -638,6 +638,7 @@ def event_model(
     dt: float | None = None,
     max_probability: float = 0.1,
     capacity: int | Literal["auto"] | None = "auto",
+    concurrency: int | None = None,
 ) -> Events:
     """The asynchronous event engine firing from the device model instead of fixed rates.
 
@@ -650,7 +651,10 @@ def event_model(
     (`Availability.periodic(period, session / period, phase)`).
     Deviation, documented: a client's work takes an exponential time of mean `time_i`
     (memoryless clocks, as the event engine's), not exactly `time_i`. The profiles of all C
-    clients are drawn on the host once (the engine's own bookkeeping is `[C]` already)."""
+    clients are drawn on the host once (the engine's own bookkeeping is `[C]` already).
+    `concurrency` K: at most K clients train at any moment (`Events.concurrency`; None:
+    every client trains all the time), so for identical clients the deliveries come at
+    about K (1 - dropout) / time per second instead of C (1 - dropout) / time."""
     if not (isinstance(num_clients, int) and num_clients >= 1):
         raise ValueError(f"num_clients must be an int >= 1, got {num_clients!r}")
     check_number("steps", steps, lambda v: v >= 1 and v == int(v), "an integer >= 1")
@@ -665,5 +669,10 @@ def event_model(
         windows = Availability.periodic(p.period, on, p.phase, num_clients=num_clients)
     aggregation = Aggregation() if aggregation is None else aggregation
     return Events(
-        arrivals, aggregation, availability=windows, capacity=capacity, virtual_clock=True
+        arrivals,
+        aggregation,
+        availability=windows,
+        capacity=capacity,
+        virtual_clock=True,
+        concurrency=concurrency,
     )
