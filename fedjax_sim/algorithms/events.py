@@ -29,6 +29,11 @@ Arrival models (`Arrivals`):
   clients are dropped (Poisson thinning: exact for the continuous-time model), counted as
   `lost`.
 
+Concurrency cap (`Events(concurrency=K)`, bernoulli mode): at most K clients train at once;
+finishing clients go idle and idle ones start in their place, reading x_s when they start
+(`Tick.starts`; the class docstring). Without it (default) every client trains all the time
+and a delivering client restarts at once.
+
 Server aggregation rules (`Aggregation`): every Delta deliveries ("count"; in bernoulli mode
 several deliveries can arrive at once and all buffered ones are applied), a random server event
 ("random": Bernoulli(p_s) per iteration, or the server clock lambda_s inside the categorical
