@@ -55,6 +55,8 @@ CHANGED = {
     "late": "partial",
     "over_selection": 1.5,
     "availability": False,
+    "available_cohorts": True,
+    "cohort_candidates": 2.0,
     "round_trip_latency": 0.5,
     "attack": "sign_flip",
     "byzantine_fraction": 0.5,

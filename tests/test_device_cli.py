@@ -73,6 +73,35 @@ BAD_TRACE = "client,speed,uplink,downlink,period,session,phase,dropout\n0,-1,1,1
             + ["--hparams", "firing_probability=0.2"],
             "--hparams firing_probability is not used with --device-model",
         ),
+        (["--available-cohorts"], "--available-cohorts needs --device-model"),
+        (
+            ["--device-model", "phones", "--cohort-candidates", "2"],
+            "--cohort-candidates is used by --available-cohorts only",
+        ),
+        (
+            ["--device-model", "phones", "--available-cohorts", "--cohort-sampling"]
+            + ["bernoulli", "--cohort-probability", "0.1"],
+            "--available-cohorts needs --cohort-size",
+        ),
+        (
+            ["--device-model", "phones", "--available-cohorts", "--cohort-size", "10"]
+            + ["--cohort-candidates", "0.5"],
+            "--cohort-candidates must be >= 1",
+        ),
+        (
+            ["--device-model", "phones", "--available-cohorts", "--cohort-size", "10"]
+            + ["--no-availability"],
+            "--available-cohorts needs availability",
+        ),
+        (
+            ["--device-model", "phones", "--available-cohorts", "--cohort-size", "10"]
+            + ["--population", "uniform"],
+            "--available-cohorts is not supported with --population",
+        ),
+        (
+            ["--algorithm", "fedbuff", "--device-model", "phones", "--available-cohorts"],
+            "--available-cohorts is not used by fedbuff (asynchronous",
+        ),
     ],
 )
 def test_bad_device_flags_refused_up_front(tmp_path, monkeypatch, capsys, args, message):
@@ -119,6 +148,31 @@ def test_flags_assemble_the_device_model(tmp_path):
     assert isinstance(bundled["device_model"].profiles, TraceProfiles)
     assert bundled["device_model"].profiles.rows == 64
     assert "device_model" not in algorithm_kwargs(RunConfig(), set())
+
+
+def test_available_cohort_flags_assemble_the_device_model():
+    cfg = RunConfig(
+        device_model="phones", cohort_size=5, available_cohorts=True, cohort_candidates=3.0
+    )
+    explicit = {"device_model", "cohort_size", "available_cohorts", "cohort_candidates"}
+    model = algorithm_kwargs(cfg, explicit)["device_model"]
+    assert (model.cohort, model.candidates) == ("available", 3.0)
+    plain = algorithm_kwargs(RunConfig(device_model="phones"), {"device_model"})
+    assert plain["device_model"].cohort == "all"
+
+
+def test_cli_run_with_available_cohorts(tmp_path, capsys):
+    """`--available-cohorts` on the bundled trace: in the summary, and no selected client is
+    offline at its round's start (64 candidates: all 20 clients in a random order)."""
+    out = tmp_path / "run"
+    args = ["run", "--rounds", "3", "--eval-every", "3", "--num-clients", "20", "--no-progress"]
+    args += ["--cohort-size", "4", "--local-steps", "2", "--out", str(out)]
+    args += ["--device-model", "bundled", "--available-cohorts", "--cohort-candidates", "16"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "cohorts among online clients (16x candidates)" in printed
+    history = json.loads((out / "history.json").read_text())
+    assert history["metrics"]["unavailable"] == [0, 0, 0]
 
 
 def _png_width(path):

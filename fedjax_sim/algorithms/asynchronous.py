@@ -331,6 +331,8 @@ def compose_async(
     rule.check(events)
     c = events.num_clients
     paper = init_mode == "paper"
+    if paper and events.concurrency is not None:
+        raise ValueError("init_mode='paper' assumes every client trains: no concurrency cap")
 
     def init(params: Params, key: jax.Array) -> AsyncState:
         params = project(params, work.box)
@@ -362,7 +364,9 @@ def compose_async(
         deliveries = Deliveries(ids, act, start, results, tick.tau, tick.aggregate, buffered, c)
         params, rule_state = rule.apply(state.rule, state.params, deliveries)
         reply = params if read_after_aggregate else state.params
-        read = scatter_rows(state.read, ids, act, broadcast(reply, ids.shape[0]))
+        # the clients that start training read the reply (without a concurrency cap: the
+        # delivering ones, which restart at once)
+        read = scatter_rows(state.read, tick.starts, tick.started, broadcast(reply, ids.shape[0]))
         new_events = events.advance(state.events, tick, read_after_aggregate=read_after_aggregate)
         fired = jnp.sum(act)
         metrics = {

@@ -162,6 +162,17 @@ def compose(
         keep = cohort.size
         cohort = dataclasses.replace(cohort, size=device_model.selection_size(keep))
         distributor = as_distributor(cohort)
+    aware = device_model is not None and device_model.cohort == "available"
+    if aware and not (
+        isinstance(cohort, CohortSpec)
+        and cohort.size is not None
+        and cohort.sampling in ("uniform", "proportional")
+    ):
+        raise ValueError(
+            "cohort='available' needs a CohortSpec with a cohort size M and uniform or "
+            "proportional sampling"
+        )
+    drawn_spec = cohort  # the drawn cohort's spec (ceil(f M) under over-selection)
     needs_rows = any(h.init_row is not None for h in work.hook.hooks)
     if needs_rows and not distributor.distinct:
         raise ValueError(
@@ -208,7 +219,14 @@ def compose(
         check_rows(state.aggregator.rows, data.num_clients, "the aggregator's per-client memory")
         x, t = state.params, state.round
         x_view, x_shared = work.trainable(x), work.shared(x, x)  # hooks' view, what travels
-        ids, weights = distributor.sample(state.cohort, round_key(key, t, COHORT), data.counts, t)
+        if aware:
+            ids, weights = device_model.available_cohort(
+                state.clock, round_key(key, t, COHORT), drawn_spec, data.counts
+            )
+        else:
+            ids, weights = distributor.sample(
+                state.cohort, round_key(key, t, COHORT), data.counts, t
+            )
         counts = data.counts[ids]
         num_steps = work.local.num_steps(counts)
         num_steps, weights, is_straggler = work.stragglers.apply(

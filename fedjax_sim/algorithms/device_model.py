@@ -67,6 +67,23 @@ starting at virtual time t0:
    without a deadline. The state's clock advances by it; `virtual_time` is the clock after
    the round (History's virtual-time column).
 
+**Availability-aware cohorts** (`cohort="available"`; default `"all"`, the sampler above,
+bit for bit as before): the drawn cohort of N (= ceil(f M)) is drawn among the clients online
+at the round's start t0 instead of among all C. The cohort sampler (uniform or proportional,
+from the round's cohort key) draws K = ceil(g N) **candidates** (`candidates` g >= 1, default
+8; at most C without replacement, and when K reaches C all C clients in a random order); only
+their profiles are evaluated (`online` at t0) and the cohort is the first N online candidates
+in draw order (`available_slots`, a top-k over draw positions, O(K)). Without replacement the
+draw order is a uniformly random ordering, so the cohort is uniform without replacement among
+the online clients (with replacement: i.i.d. draws from the sampler restricted to the online
+ones); memory O(K), so procedural profiles at 10^9 clients still cost only the candidates.
+If fewer than N candidates are online, the first offline candidates fill the cohort and the
+round counts them as `unavailable` (it runs with fewer; P(short) is a binomial tail in K and
+the online fraction: raise g for sparse windows). Trace profiles use the same candidate rule
+(not an exact draw over all rows). Over-selection and deadlines then apply to the drawn
+cohort as above. Bernoulli cohorts and distributors are refused; a streamed run
+(`run.streaming`) would have to plan the K candidates: not supported by the CLI, untested.
+
 Asynchronous algorithms fire from the same profiles: `event_model(profiles, C, steps=...,
 bytes_down=..., bytes_up=...)` is an `events.Events` whose Poisson rates are
 `(1 - dropout_i) / time_i` and whose availability windows are the profiles'.
@@ -95,7 +112,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sim.algorithms.core import client_key, float_dtype
+from fedjax_sim.algorithms.core import CohortSpec, client_key, float_dtype
 from fedjax_sim.algorithms.events import Aggregation, Arrivals, Availability, Events
 from fedjax_sim.core.checks import check_number, positive
 
@@ -437,10 +454,12 @@ class DeviceModel:
     docstring): `deadline` (seconds, None: none), `late` ("drop" | "partial"),
     `over_selection` (f >= 1: draw ceil(f M), keep the first M to finish), `availability`
     (offline clients at the round's start do not take part), `idle` (seconds a round
-    lasts when nobody reports and there is no deadline) and `round_trip_latency` (seconds
+    lasts when nobody reports and there is no deadline), `round_trip_latency` (seconds
     each extra server round trip of the upload protocol adds to a client's time: secure
     aggregation's 3 beyond the plain upload; default 0.1 s, an assumed mobile round trip,
-    not a measurement)."""
+    not a measurement), `cohort` ("all": the cohort is drawn among all clients, the
+    default; "available": among the clients online at the round's start, drawn from
+    `candidates` (g >= 1) times as many candidates: module docstring)."""
 
     profiles: Profiles = ProceduralProfiles()
     deadline: float | None = None
@@ -449,6 +468,8 @@ class DeviceModel:
     availability: bool = True
     idle: float = 60.0
     round_trip_latency: float = ROUND_TRIP_LATENCY
+    cohort: Literal["all", "available"] = "all"
+    candidates: float = 8.0
 
     def __post_init__(self):
         if not isinstance(self.profiles, (TraceProfiles, ProceduralProfiles)):
@@ -467,6 +488,50 @@ class DeviceModel:
             lambda v: 0 <= v < math.inf,
             "finite and >= 0",
         )
+        if self.cohort not in ("all", "available"):
+            raise ValueError(f"cohort must be all|available, got {self.cohort!r}")
+        check_number("candidates", self.candidates, lambda v: 1 <= v < math.inf, "finite and >= 1")
+        if self.cohort == "available" and not self.availability:
+            raise ValueError(
+                "cohort='available' needs availability=True (without it every client is online)"
+            )
+
+    def candidate_size(self, size: int, num_clients: int, *, replace: bool = False) -> int:
+        """Candidates drawn for an availability-aware cohort of `size`:
+        ceil(candidates * size), at most `num_clients` unless drawn with replacement."""
+        k = int(math.ceil(self.candidates * size - 1e-9))
+        return k if replace else min(k, num_clients)
+
+    def available_slots(self, clock: jax.Array, ids: jax.Array, size: int) -> jax.Array:
+        """`[size]` positions in the candidates `ids [K]` (in draw order) of an
+        availability-aware cohort: the first `size` candidates online at virtual time
+        `clock`, in draw order, then (when fewer are online) the first offline ones, which
+        the round counts as `unavailable`. O(K): only the candidates' profiles are drawn."""
+        k = ids.shape[0]
+        if not 1 <= size <= k:
+            raise ValueError(f"an available cohort of {size} needs 1..{k} candidates")
+        on = online(self.profiles(ids), jnp.asarray(clock, float_dtype()))
+        pos = jnp.arange(k, dtype=jnp.int32)
+        priority = jnp.where(on, pos, pos + k)
+        _, slots = jax.lax.top_k(-priority, size)
+        return slots
+
+    def available_cohort(
+        self, clock: jax.Array, key: jax.Array, cohort: CohortSpec, counts: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        """`(ids [N], weights [N])`: the drawn cohort of `cohort.size` = N among the clients
+        online at `clock` (`cohort="available"`). K = `candidate_size(N, C)` candidates are
+        drawn by the cohort's sampling from `key` (uniform: all C in a random order when K
+        reaches C), then `available_slots` keeps the first N online."""
+        cohort.check(counts.shape[0])
+        replace = cohort.sampling == "proportional"
+        k = self.candidate_size(cohort.size, counts.shape[0], replace=replace)
+        ids, weights = dataclasses.replace(cohort, size=k).sample(key, counts)
+        if not replace and k == counts.shape[0]:  # all clients, in id order: shuffle them
+            order = jax.random.permutation(jax.random.fold_in(key, 1), k)
+            ids, weights = ids[order], weights[order]
+        slots = self.available_slots(clock, ids, cohort.size)
+        return ids[slots], weights[slots]
 
     def selection_size(self, size: int) -> int:
         """Clients drawn for a round that keeps `size`: ceil(over_selection * size)."""
@@ -574,6 +639,7 @@ def event_model(
     dt: float | None = None,
     max_probability: float = 0.1,
     capacity: int | Literal["auto"] | None = "auto",
+    concurrency: int | None = None,
 ) -> Events:
     """The asynchronous event engine firing from the device model instead of fixed rates.
 
@@ -586,7 +652,10 @@ def event_model(
     (`Availability.periodic(period, session / period, phase)`).
     Deviation, documented: a client's work takes an exponential time of mean `time_i`
     (memoryless clocks, as the event engine's), not exactly `time_i`. The profiles of all C
-    clients are drawn on the host once (the engine's own bookkeeping is `[C]` already)."""
+    clients are drawn on the host once (the engine's own bookkeeping is `[C]` already).
+    `concurrency` K: at most K clients train at any moment (`Events.concurrency`; None:
+    every client trains all the time), so for identical clients the deliveries come at
+    about K (1 - dropout) / time per second instead of C (1 - dropout) / time."""
     if not (isinstance(num_clients, int) and num_clients >= 1):
         raise ValueError(f"num_clients must be an int >= 1, got {num_clients!r}")
     check_number("steps", steps, lambda v: v >= 1 and v == int(v), "an integer >= 1")
@@ -601,5 +670,10 @@ def event_model(
         windows = Availability.periodic(p.period, on, p.phase, num_clients=num_clients)
     aggregation = Aggregation() if aggregation is None else aggregation
     return Events(
-        arrivals, aggregation, availability=windows, capacity=capacity, virtual_clock=True
+        arrivals,
+        aggregation,
+        availability=windows,
+        capacity=capacity,
+        virtual_clock=True,
+        concurrency=concurrency,
     )

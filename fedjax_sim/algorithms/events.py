@@ -29,6 +29,11 @@ Arrival models (`Arrivals`):
   clients are dropped (Poisson thinning: exact for the continuous-time model), counted as
   `lost`.
 
+Concurrency cap (`Events(concurrency=K)`, bernoulli mode): at most K clients train at once;
+finishing clients go idle and idle ones start in their place, reading x_s when they start
+(`Tick.starts`; the class docstring). Without it (default) every client trains all the time
+and a delivering client restarts at once.
+
 Server aggregation rules (`Aggregation`): every Delta deliveries ("count"; in bernoulli mode
 several deliveries can arrive at once and all buffered ones are applied), a random server event
 ("random": Bernoulli(p_s) per iteration, or the server clock lambda_s inside the categorical
@@ -62,6 +67,7 @@ from fedjax_sim.core.rows import gather_rows, scatter_rows
 # ------------------------------------------------------------------------------ compaction
 _BLOCK = 32
 _MAX_GAP = 2**30
+NEVER = 2**31 - 1  # `next_event` of an idle client under a concurrency cap
 
 
 def prefix_count(mask: jax.Array) -> jax.Array:
@@ -353,6 +359,11 @@ class Tick(NamedTuple):
       tau_iter: `[B]` int32, staleness in iterations (iteration now - iteration of the read).
       overflow: `[]` int32, due clients deferred for lack of capacity.
       lost: `[]` int32, due clients that were unavailable.
+      starts: `[B]` int32, clients that read x_s now and start training (C = none): the
+        active slots' clients without a concurrency cap, the newly started ones with it.
+      started: `[B]` bool, the slot of `starts` holds a starting client.
+      start_next: `[B]` int32, next arrival iteration of the started clients (cap only).
+      training: `[]` int32, clients training after this iteration (cap only; else -1).
     """
 
     ids: jax.Array
@@ -367,6 +378,10 @@ class Tick(NamedTuple):
     tau_iter: jax.Array
     overflow: jax.Array
     lost: jax.Array
+    starts: jax.Array
+    started: jax.Array
+    start_next: jax.Array
+    training: jax.Array
 
 
 def uniforms(key: jax.Array, ids: jax.Array, dtype: Any) -> jax.Array:
@@ -409,6 +424,16 @@ class Events:
       virtual_clock: the simulated time is a device model's virtual seconds
         (`device_model.event_model` sets it): the metrics add `virtual_time`, History's
         virtual-time column.
+      concurrency: at most K clients train at any moment (None: every client trains all
+        the time, the default). Bernoulli / Poisson arrivals only. Idle clients hold
+        `next_event = NEVER`; at init K clients start (available ones first); each
+        iteration the finishing clients (due: delivered or lost) go idle and up to
+        `K - training` idle clients start, read x_s and draw their Geometric(p_i) gap.
+        The starters are the first eligible (idle or finishing now, available at the
+        iteration's time, distinct) of 4B + 16 candidates drawn uniformly with replacement
+        (all C in a random order when that reaches C): uniform among the eligible, O(B)
+        per iteration besides the `[C]` count of training clients. If fewer candidates are
+        eligible the cap is refilled in later iterations. Metric `training`.
     """
 
     arrivals: Arrivals
@@ -417,9 +442,18 @@ class Events:
     capacity: int | Literal["auto"] | None = "auto"
     histogram_bins: int = 8
     virtual_clock: bool = False
+    concurrency: int | None = None
 
     def __post_init__(self):
         c = self.arrivals.num_clients
+        if self.concurrency is not None:
+            k = self.concurrency
+            if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= c:
+                raise ValueError(f"concurrency must be an integer in [1, {c}], got {k!r}")
+            if self.arrivals.mode != "bernoulli":
+                raise ValueError(
+                    f"concurrency needs bernoulli / Poisson arrivals, not {self.arrivals.mode!r}"
+                )
         if self.capacity is not None and self.capacity != "auto":
             if int(self.capacity) != self.capacity or self.capacity < 1:
                 raise ValueError(
@@ -458,6 +492,9 @@ class Events:
                 return 1
             if self.arrivals.mask is not None:
                 return max(1, int(self.arrivals.mask.sum(1).max()))
+            if self.concurrency is not None:  # at most K are due: K times the largest p
+                m = float(self.concurrency * self.arrivals.values.max())
+                return min(self.concurrency, math.ceil(m + 6.0 * math.sqrt(m) + 8.0))
             m = float(self.arrivals.values.sum())
             return min(c, math.ceil(m + 6.0 * math.sqrt(m) + 8.0))
         return min(int(self.capacity), c)
@@ -480,6 +517,14 @@ class Events:
         if self.arrivals.mode == "bernoulli":
             p = jnp.asarray(self.arrivals.values, ftype)
             next_event = _geometric(uniforms(key, jnp.arange(c), ftype), p)
+            if self.concurrency is not None:  # K clients start, available ones first
+                ids = jnp.arange(c)
+                score = uniforms(jax.random.fold_in(key, 1), ids, ftype)
+                if self.availability is not None:
+                    score = score + self.availability.at(jnp.zeros((), ftype), ids)
+                _, first = lax.top_k(score, self.concurrency)
+                idle = jnp.full((c,), NEVER, jnp.int32)
+                next_event = idle.at[first].set(next_event[first])
         else:
             next_event = jnp.zeros((0,), jnp.int32)
         zeros = lambda: jnp.zeros((c,), jnp.int32)  # distinct buffers: the state is donatable
@@ -528,6 +573,10 @@ class Events:
                 else jnp.bool_(False)
             )
             overflow = jnp.sum(due_all) - jnp.sum(due)
+            if self.concurrency is not None:
+                starts, started, start_next, training = self._starts(
+                    state, key, ids, due, k_new, t_new
+                )
         else:
             p, p_s = self.probabilities()
             cdf = np.cumsum(np.append(p, p_s))
@@ -565,6 +614,8 @@ class Events:
             aggregate = jnp.floor(t_new / interval) > jnp.floor(state.t / interval)
         tau = jnp.where(active, state.version - gather_rows(state.read_version, ids), 0)
         tau_iter = jnp.where(active, k_new - gather_rows(state.read_iteration, ids), 0)
+        if self.concurrency is None:
+            starts, started, start_next, training = ids, active, next_event, jnp.int32(-1)
         return Tick(
             ids=ids,
             active=active,
@@ -578,7 +629,43 @@ class Events:
             tau_iter=tau_iter,
             overflow=overflow.astype(jnp.int32),
             lost=jnp.sum(due & ~active).astype(jnp.int32),
+            starts=starts,
+            started=started,
+            start_next=start_next,
+            training=training,
         )
+
+    def _starts(self, state, key, ids, due, k_new, t_new):
+        """`(starts [B], started [B], start_next [B], training [])` under the concurrency
+        cap: up to `K - training` idle clients start (class docstring)."""
+        c, b = self.num_clients, ids.shape[0]
+        ftype = state.t.dtype
+        training = jnp.sum(state.next_event < NEVER) - jnp.sum(due)
+        wanted = jnp.clip(self.concurrency - training, 0, b)
+        r = 4 * b + 16
+        k_cand, k_gap = jax.random.fold_in(key, 1), jax.random.fold_in(key, 2)
+        if r >= c:  # all clients, in a random order
+            _, cand = lax.top_k(uniforms(k_cand, jnp.arange(c), ftype), c)
+            cand, r = cand.astype(jnp.int32), c
+            distinct = jnp.ones((r,), bool)
+        else:  # r uniform draws with replacement; repeats are not eligible
+            u = uniforms(k_cand, jnp.arange(r), ftype)
+            cand = jnp.minimum((u * c).astype(jnp.int32), c - 1)
+            earlier = jnp.tril(cand[:, None] == cand[None, :], k=-1)
+            distinct = ~jnp.any(earlier, axis=1)
+        finishing = jnp.any((cand[:, None] == ids[None, :]) & due[None, :], axis=1)
+        eligible = distinct & ((gather_rows(state.next_event, cand) >= NEVER) | finishing)
+        if self.availability is not None:
+            eligible = eligible & self.availability.at(t_new, cand)
+        pos = jnp.arange(r, dtype=jnp.int32)
+        _, sel = lax.top_k(-jnp.where(eligible, pos, pos + r), b)
+        starts = cand[sel]
+        started = eligible[sel] & (jnp.arange(b) < wanted)
+        p = jnp.asarray(self.arrivals.values, ftype)[starts]
+        gap = jnp.minimum(_geometric(uniforms(k_gap, starts, ftype), p), NEVER - 1 - k_new)
+        starts = jnp.where(started, starts, c).astype(jnp.int32)
+        start_next = jnp.where(started, k_new + gap, NEVER)
+        return starts, started, start_next, (training + jnp.sum(started)).astype(jnp.int32)
 
     @staticmethod
     def _two_pass(first: jax.Array, second: jax.Array, b: int) -> jax.Array:
@@ -598,18 +685,26 @@ class Events:
         count = state.count + jnp.sum(tick.active).astype(jnp.int32)
         next_event = state.next_event
         if self.arrivals.mode == "bernoulli":
-            next_event = scatter_rows(next_event, tick.ids, tick.due, tick.next_event)
-        slots = tick.ids.shape
+            if self.concurrency is None:
+                next_event = scatter_rows(next_event, tick.ids, tick.due, tick.next_event)
+            else:  # the finishing go idle, then the starters are scheduled
+                idle = jnp.full(tick.ids.shape, NEVER, jnp.int32)
+                next_event = scatter_rows(next_event, tick.ids, tick.due, idle)
+                next_event = scatter_rows(next_event, tick.starts, tick.started, tick.start_next)
+        slots = tick.starts.shape
         return EventState(
             k=tick.k,
             t=tick.t,
             version=state.version + tick.aggregate.astype(jnp.int32),
             count=jnp.where(tick.aggregate, 0, count).astype(jnp.int32),
             read_version=scatter_rows(
-                state.read_version, tick.ids, tick.active, jnp.broadcast_to(read_version, slots)
+                state.read_version,
+                tick.starts,
+                tick.started,
+                jnp.broadcast_to(read_version, slots),
             ),
             read_iteration=scatter_rows(
-                state.read_iteration, tick.ids, tick.active, jnp.broadcast_to(tick.k, slots)
+                state.read_iteration, tick.starts, tick.started, jnp.broadcast_to(tick.k, slots)
             ),
             next_event=next_event,
         )
@@ -637,6 +732,8 @@ class Events:
                 out[name] = jnp.sum(onehot * tick.active[:, None], axis=0)
         if self.virtual_clock:
             out["virtual_time"] = tick.t
+        if self.concurrency is not None:
+            out["training"] = tick.training
         return out
 
     def completion_times(self, key: jax.Array, ids: jax.Array) -> jax.Array:

@@ -160,6 +160,13 @@ class RunConfig:
     availability: bool = True
     """Clients offline at a round's start (their profile's online window) do not take part
     (needs --device-model; --no-availability: every client always online, dropout remains)."""
+    available_cohorts: bool = False
+    """Draw each round's cohort among the clients online at its start (its first N online of
+    --cohort-candidates times as many candidates; needs --device-model and --cohort-size with
+    uniform or proportional sampling); default: among all clients, offline ones sit out."""
+    cohort_candidates: float = 8.0
+    """Candidates per drawn cohort client of --available-cohorts (g >= 1: ceil(g N) are drawn,
+    at most --num-clients; a round with fewer than N of them online runs with fewer)."""
     round_trip_latency: float = 0.1
     """Virtual seconds each extra server round trip of the upload protocol adds to a client's
     time (--secure-aggregation's 3 beyond the plain upload; an assumed mobile round trip)."""
@@ -598,6 +605,8 @@ ALGORITHM_FLAGS: dict[str, str] = {
     "late": "device_model",
     "over_selection": "device_model",
     "availability": "device_model",
+    "available_cohorts": "device_model",
+    "cohort_candidates": "device_model",
     "round_trip_latency": "device_model",
     "attack": "attack",
     "byzantine_fraction": "attack",
@@ -684,7 +693,15 @@ def check_privacy_robustness(cfg: RunConfig, explicit: Collection[str]) -> None:
         raise UsageError("--cohort-probability needs --cohort-sampling bernoulli")
 
 
-DEVICE_FLAGS = ("deadline", "late", "over_selection", "availability", "round_trip_latency")
+DEVICE_FLAGS = (
+    "deadline",
+    "late",
+    "over_selection",
+    "availability",
+    "available_cohorts",
+    "cohort_candidates",
+    "round_trip_latency",
+)
 
 
 def check_device_model(cfg: RunConfig, explicit: Collection[str]) -> None:
@@ -713,6 +730,24 @@ def check_device_model(cfg: RunConfig, explicit: Collection[str]) -> None:
                 f"--over-selection {cfg.over_selection:g} draws {drawn} clients, more than "
                 f"--num-clients {cfg.num_clients}"
             )
+    if "cohort_candidates" in explicit and not cfg.available_cohorts:
+        raise UsageError("--cohort-candidates is used by --available-cohorts only")
+    if cfg.available_cohorts:
+        if cfg.cohort_size is None or cfg.cohort_sampling == "bernoulli":
+            raise UsageError(
+                "--available-cohorts needs --cohort-size with --cohort-sampling uniform or "
+                "proportional (it draws the cohort among the online clients)"
+            )
+        if not cfg.availability:
+            raise UsageError(
+                "--available-cohorts needs availability (with --no-availability every client "
+                "is online)"
+            )
+        if stream_flag(cfg):
+            raise UsageError(
+                f"--available-cohorts is not supported with {stream_flag(cfg)} (the streamed "
+                "cohorts are planned before the clock is known)"
+            )
     if "round_trip_latency" in explicit and not cfg.secure_aggregation:
         raise UsageError(
             "--round-trip-latency is paid by --secure-aggregation's extra round trips; "
@@ -720,7 +755,8 @@ def check_device_model(cfg: RunConfig, explicit: Collection[str]) -> None:
         )
 
 
-ROUND_CLOCK_FLAGS = ("deadline", "late", "over_selection")  # synchronous rounds only
+# synchronous rounds only
+ROUND_CLOCK_FLAGS = ("deadline", "late", "over_selection", "available_cohorts", "cohort_candidates")
 
 
 def check_device_events(cfg: RunConfig, kwargs: dict[str, Any]) -> None:
@@ -785,6 +821,8 @@ def _device_model(cfg: RunConfig):
         over_selection=cfg.over_selection,
         availability=cfg.availability,
         round_trip_latency=cfg.round_trip_latency,
+        cohort="available" if cfg.available_cohorts else "all",
+        candidates=cfg.cohort_candidates,
     )
 
 
@@ -829,6 +867,8 @@ def device_summary(cfg: RunConfig) -> str | None:
         parts.append(f"deadline {cfg.deadline:g} s, {kept}")
     if cfg.over_selection > 1:
         parts.append(f"over-selection {cfg.over_selection:g}")
+    if cfg.available_cohorts:
+        parts.append(f"cohorts among online clients ({cfg.cohort_candidates:g}x candidates)")
     if cfg.secure_aggregation:
         parts.append(f"round-trip latency {cfg.round_trip_latency:g} s")
     return f"device model {cfg.device_model} ({', '.join(parts)})"

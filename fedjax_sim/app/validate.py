@@ -81,6 +81,7 @@ RULES: dict[str, Range] = {
     "byzantine_fraction": Range(0, 1),
     "deadline": POSITIVE,
     "over_selection": Range(1),
+    "cohort_candidates": Range(1),
     "round_trip_latency": NONNEG,
     # sweep
     "seeds": POSITIVE_INT,

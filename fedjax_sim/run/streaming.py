@@ -106,6 +106,11 @@ class EventCohorts:
     exact = True
 
     def __init__(self, events: Any):
+        if getattr(events, "concurrency", None) is not None:
+            raise ValueError(
+                "a concurrency cap is not supported in streamed runs (starting clients read "
+                "the model outside the firing slots)"
+            )
         self.events = events
         self.num_clients = int(events.num_clients)
         self.size = int(events.slots)
