@@ -1,5 +1,7 @@
 """Tables and plot of `cross_device_clock.py` (`results/cross_device/clock_sync<tag>.json`:
-the FedAvg variants; `clock_async<tag>.json`: FedBuff and AREA, if there).
+the FedAvg variants; `clock_async<tag>.json`: FedBuff and AREA, if there;
+`clock_async_conc32<tag>.json`: FedBuff and AREA with at most 32 clients training, FedAvg's
+cohort, if there: methods `FedBuff@32` and `AREA@32`).
 
     PYTHONPATH=. python experiments/cross_device_report.py [--tag TAG]
 
@@ -24,7 +26,9 @@ import numpy as np
 from fedjax_sim.run.sweep import mean_ci
 
 DIR = os.path.join(os.path.dirname(__file__), "results", "cross_device")
-METHODS = ("FedAvg", "FedAvg+OS", "FedAvg+DL", "FedAvg+OS+DL", "FedBuff", "AREA")
+CAP = 32  # the equal-concurrency runs' cap on clients training: FedAvg's cohort
+CAPPED = {m: f"{m}@{CAP}" for m in ("FedBuff", "AREA")}  # their methods' names here
+METHODS = ("FedAvg", "FedAvg+OS", "FedAvg+DL", "FedAvg+OS+DL", "FedBuff", "AREA", *CAPPED.values())
 SYNC = METHODS[:4]
 TARGET_FRACTION = 0.9
 
@@ -50,9 +54,20 @@ def load(path: str) -> dict:
     return runs
 
 
+def load_capped(path: str) -> dict:
+    """`load` of a `cross_device_clock.py --concurrency CAP` file, its methods renamed
+    `<method>@CAP` (`CAPPED`); `Incomplete` if its cap is not CAP."""
+    with open(path) as f:
+        k = json.load(f)["config"].get("concurrency")
+    if k != CAP:
+        raise Incomplete(f"`{os.path.basename(path)}`: concurrency {k}, not {CAP}")
+    return {CAPPED[m]: r for m, r in load(path).items()}
+
+
 def load_all(tag: str = "") -> tuple[dict, dict]:
-    """`(runs, config)` of `clock_sync<tag>.json` merged with `clock_async<tag>.json` when
-    that exists (the same seeds); the config is the synchronous file's."""
+    """`(runs, config)` of `clock_sync<tag>.json` merged with `clock_async<tag>.json` and
+    `clock_async_conc<CAP><tag>.json` when they exist (the same seeds); the config is the
+    synchronous file's."""
     sync = os.path.join(DIR, f"clock_sync{tag}.json")
     with open(sync) as f:
         cfg = json.load(f)["config"]
@@ -60,6 +75,9 @@ def load_all(tag: str = "") -> tuple[dict, dict]:
     path = os.path.join(DIR, f"clock_async{tag}.json")
     if os.path.exists(path):
         runs |= load(path)
+    path = os.path.join(DIR, f"clock_async_conc{CAP}{tag}.json")
+    if os.path.exists(path):
+        runs |= load_capped(path)
     return runs, cfg
 
 
@@ -134,6 +152,10 @@ def tables(runs: dict, cfg: dict) -> str:
             f"{np.mean([r['hours'][-1] for r in rs]):.3f} | {rt} | {late} | "
             f"{ci([t for t, _ in ttt])} | {sum(ok for _, ok in ttt)}/{len(ttt)} |"
         )
+    if any(m in runs for m in CAPPED.values()):
+        out += ["", f"`@{CAP}`: at most {CAP} clients training at once (`--concurrency {CAP}`, "
+                "FedAvg's cohort); the others keep all "
+                f"{cfg['clients']} clients training."]  # fmt: skip
     out += ["", "Speed-up to the target, paired by seed (FedAvg's hours / the method's):", ""]
     out += ["| method | vs FedAvg | vs FedAvg+OS+DL |", "|---|---|---|"]
     for m in (m for m in METHODS[1:] if m in runs):
@@ -149,13 +171,17 @@ def plot(runs: dict, cfg: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
+    colour = {}
     for m in (m for m in METHODS if m in runs):
         rs = list(runs[m].values())
         end = min(r["hours"][-1] for r in rs)
         grid = np.linspace(0, end, 200)
         v = np.array([np.interp(grid, r["hours"], r["test_accuracy"]) for r in rs])
         st = np.array([mean_ci(c) for c in v.T])
-        (line,) = ax.plot(grid, st[:, 0], label=m)
+        base = m.split("@")[0]  # a capped run: its uncapped method's colour, dashed
+        style = dict(color=colour[base], ls="--") if base in colour and base != m else {}
+        (line,) = ax.plot(grid, st[:, 0], label=m, **style)
+        colour.setdefault(m, line.get_color())
         ax.fill_between(grid, st[:, 0] - st[:, 1], st[:, 0] + st[:, 1], color=line.get_color(),
                         alpha=0.15)  # fmt: skip
     ax.axhline(target(runs), color="grey", ls=":", lw=1, label="target")

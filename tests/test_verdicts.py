@@ -151,3 +151,31 @@ def test_clock_censored_or_incomplete_is_not_run(tmp_path, monkeypatch, blob, re
     """A time to target censored at the horizon is only a bound: the row is not run."""
     line = _clock_line(tmp_path, monkeypatch, blob)
     assert "**not run**" in line and reason in line
+
+
+@pytest.mark.parametrize("cap", [None, 32, 16])
+def test_clock_equal_concurrency(tmp_path, monkeypatch, cap):
+    """FedBuff at equal concurrency is read from `clock_async_conc32.json` (its methods renamed
+    `FedBuff@32`), not from the uncapped `clock_async.json`; without that file the row is not
+    run and gives the command; a file with another cap is incomplete."""
+    monkeypatch.setattr(verdicts, "RESULTS", str(tmp_path))
+    (tmp_path / "cross_device").mkdir()
+    blob = _clock_blob([0.1, 0.73, 0.7])
+    slow = _clock_blob([0.1, 0.6, 0.73])  # the capped FedBuff reaches the target at 0.2 h
+    parts = {"sync": (blob, "FedAvg"), "async": (blob, "FedBuff")}
+    if cap is not None:
+        parts["async_conc32"] = (slow, "FedBuff")
+    for name, (b, m) in parts.items():
+        cfg = dict(b["config"], methods=[m]) | ({"concurrency": cap} if "conc" in name else {})
+        part = {"config": cfg, "runs": [r for r in b["runs"] if r["method"] == m]}
+        (tmp_path / "cross_device" / f"clock_{name}.json").write_text(json.dumps(part))
+    row = next(r for r in verdicts.ROWS if "equal concurrency" in r.claim and "FedBuff" in r.claim)
+    assert row.files == ("cross_device/clock_sync.json", "cross_device/clock_async_conc32.json")
+    line = verdicts.render([row]).splitlines()[-1]
+    if cap == 32:
+        assert "2.50 +- 0.00" in line and "n = 5 seeds" in line
+    else:
+        assert (
+            "**not run**" in line and "--concurrency 32" in line and "--tag _async_conc32" in line
+        )
+        assert ("concurrency 16, not 32" in line) == (cap == 16)
