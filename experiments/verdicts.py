@@ -333,6 +333,9 @@ def clock(measure: str, base: str, method: str) -> np.ndarray:
             runs |= load(os.path.join(RESULTS, rel))
     except cross_device_report.Incomplete as e:
         raise IncompleteResult(str(e)) from e
+    for m in (base, method):
+        if m not in runs:  # e.g. a file run with `--methods FedBuff` alone
+            raise IncompleteResult(f"no {m} runs in {', '.join(clock_files(base, method))}")
     if measure == "round_time":
         return cross_device_report.round_time_ratio(runs, base, method)
     for m in (base, method):  # a time to target censored at the horizon is only a bound

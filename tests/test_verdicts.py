@@ -174,6 +174,11 @@ def test_clock_equal_concurrency(tmp_path, monkeypatch, cap):
     line = verdicts.render([row]).splitlines()[-1]
     if cap == 32:
         assert "2.50 +- 0.00" in line and "n = 5 seeds" in line
+        area = next(
+            r for r in verdicts.ROWS if "equal concurrency" in r.claim and "AREA" in r.claim
+        )
+        line = verdicts.render([area]).splitlines()[-1]  # the file has FedBuff only
+        assert "**not run**" in line and "no AREA@32 runs" in line
     else:
         assert (
             "**not run**" in line and "--concurrency 32" in line and "--tag _async_conc32" in line
