@@ -2,6 +2,8 @@
 
 python tests/distributed_worker.py sharded OUT.npz
     4 virtual devices: sharded vs unsharded runs of the same algorithms.
+python tests/distributed_worker.py personalized OUT.npz
+    4 virtual devices: the personalized presets' params and personal models, both ways.
 python tests/distributed_worker.py placement OUT.npz
     2 virtual devices: the shardings `place_run` gives a SCAFFOLD state and its data.
 python tests/distributed_worker.py process PID NPROC PORT OUT.npz
@@ -14,7 +16,7 @@ import tempfile
 
 mode = sys.argv[1]
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=" + (
-    "4" if mode == "sharded" else "2"
+    "4" if mode in ("sharded", "personalized") else "2"
 )
 os.environ["JAX_PLATFORMS"] = "cpu"
 
@@ -166,18 +168,32 @@ def personalized_algorithms(client_map):
     }
 
 
-def personalized(data, mesh, maps, rounds=6):
+# (preset, map mode): every preset vmapped; Ditto's personal rows and FedPer's partition
+# also through `lax.map` in groups of 2 (the map path is the same compose code for all)
+PERSONALIZED = ["ditto", "apfl", "pfedme", "per_fedavg_hf", "fedavg_ft", "fedper", "lg_fedavg"]
+PERSONALIZED += ["fedrep", "fedbabu"]
+PERSONALIZED_CASES = [
+    *((name, "vmap") for name in PERSONALIZED),
+    ("ditto", "map2"),
+    ("fedper", "map2"),
+]
+
+
+def personalized(out, rounds=6):
     """Global params and personal models of every personalized preset, sharded and not."""
+    data = problem().data
+    mesh = client_mesh(4)
+    maps = {"vmap": ClientMap("vmap"), "map2": ClientMap("map", 2)}
     results = {"personal/init": np.concatenate([np.ones(3), np.linspace(0.5, 1.5, 3)])}
-    for map_name, cmap in maps.items():
-        plain = personalized_algorithms(cmap)
-        shard = personalized_algorithms(ClientMap(cmap.mode, cmap.batch_size, mesh=mesh))
-        for name in plain:
-            for label, alg, m in (("plain", plain[name], None), ("sharded", shard[name], mesh)):
-                params, models = run(alg, data, rounds=rounds, mesh=m, personal=True)
-                results[f"{name}/personal/{map_name}/{label}/params"] = params
-                results[f"{name}/personal/{map_name}/{label}/models"] = models
-    return results
+    for name, map_name in PERSONALIZED_CASES:
+        cmap = maps[map_name]
+        plain = personalized_algorithms(cmap)[name]
+        shard = personalized_algorithms(ClientMap(cmap.mode, cmap.batch_size, mesh=mesh))[name]
+        for label, alg, m in (("plain", plain, None), ("sharded", shard, mesh)):
+            params, models = run(alg, data, rounds=rounds, mesh=m, personal=True)
+            results[f"{name}/personal/{map_name}/{label}/params"] = params
+            results[f"{name}/personal/{map_name}/{label}/models"] = models
+    np.savez(out, **results)
 
 
 def algorithms(client_map, cohort):
@@ -223,9 +239,6 @@ def sharded(out):
             results[f"{name}/stateful/{map_name}/sharded"] = run(
                 shard[name], data, rounds=6, mesh=mesh
             )
-    # every personalized preset: the global params and the clients' personal models
-    results.update(personalized(data, mesh, maps))
-
     # the pitfall: a gradient step inside shard_map WITHOUT pcast silently sums the gradient
     # of the replicated params over devices; local_train under ClientMap(mesh) does not
     model = linear_regression(3)
@@ -385,6 +398,8 @@ def process(pid, nproc, port, out):
 if __name__ == "__main__":
     if mode == "sharded":
         sharded(sys.argv[2])
+    elif mode == "personalized":
+        personalized(sys.argv[2])
     elif mode == "placement":
         placement(sys.argv[2])
     else:
