@@ -2,6 +2,8 @@
 
 python tests/distributed_worker.py sharded OUT.npz
     4 virtual devices: sharded vs unsharded runs of the same algorithms.
+python tests/distributed_worker.py personalized OUT.npz
+    4 virtual devices: the personalized presets' params and personal models, both ways.
 python tests/distributed_worker.py placement OUT.npz
     2 virtual devices: the shardings `place_run` gives a SCAFFOLD state and its data.
 python tests/distributed_worker.py process PID NPROC PORT OUT.npz
@@ -14,7 +16,7 @@ import tempfile
 
 mode = sys.argv[1]
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=" + (
-    "4" if mode == "sharded" else "2"
+    "4" if mode in ("sharded", "personalized") else "2"
 )
 os.environ["JAX_PLATFORMS"] = "cpu"
 
@@ -28,8 +30,14 @@ from fedjax_sim.algorithms.area import area  # noqa: E402
 from fedjax_sim.algorithms.core import local_train, minibatch  # noqa: E402
 from fedjax_sim.algorithms.device_model import DeviceModel, named_profiles  # noqa: E402
 from fedjax_sim.algorithms.fedbuff import fedbuff  # noqa: E402
-from fedjax_sim.algorithms.partitioned import fedper  # noqa: E402
-from fedjax_sim.algorithms.personal_models import ditto  # noqa: E402
+from fedjax_sim.algorithms.partitioned import fedbabu, fedper, fedrep, lg_fedavg  # noqa: E402
+from fedjax_sim.algorithms.personal_models import (  # noqa: E402
+    apfl,
+    ditto,
+    fedavg_ft,
+    per_fedavg,
+    pfedme,
+)
 from fedjax_sim.algorithms.scaffold import scaffold  # noqa: E402
 from fedjax_sim.data import least_squares  # noqa: E402
 from fedjax_sim.models import linear_regression  # noqa: E402
@@ -53,21 +61,34 @@ def problem():
     return least_squares(num_clients=16, examples_per_client=np.arange(3, 19), dim=3, seed=2)
 
 
-def run(alg, data, rounds=ROUNDS, mesh=None):
-    """Final global model; with a mesh, the data and every per-client state row `[C, ...]`
-    are placed sharded over the clients axis (as `simulate(mesh=...)` does). FedPer's model
-    has a personal head `z` (`x @ (w * z)`)."""
-    key = jax.random.key(0)
+def start_params(alg):
+    """`w`; a personalized preset's model has a second factor `z` (`x @ (w * z)`): FedPer's
+    personal head, LG-FedAvg's global head (the body `w` personal), FedBABU's frozen head."""
     params = {"w": jnp.ones(3)}
     if getattr(alg, "personalize", None) is not None:
         params["z"] = jnp.linspace(0.5, 1.5, 3)
-    state = alg.init(params, key)
+    return params
+
+
+def run(alg, data, rounds=ROUNDS, mesh=None, personal=False):
+    """Final global model `w`; with a mesh, the data and every per-client state row `[C, ...]`
+    are placed sharded over the clients axis (as `simulate(mesh=...)` does). With `personal`:
+    (all global params raveled `[P]`, the 16 clients' personal models raveled `[16, P]`)."""
+    key = jax.random.key(0)
+    state = alg.init(start_params(alg), key)
     if mesh is not None:
         state, data = distributed.place_run(state, data, mesh)
     step = jax.jit(alg.step)
     for r in range(rounds):
         state, _ = step(state, data, jax.random.fold_in(key, r))
-    return np.asarray(state.params["w"])
+    if not personal:
+        return np.asarray(state.params["w"])
+    models = jax.jit(alg.personalize)(state, data, jnp.arange(16), jax.random.key(7))
+    leaves = jax.tree.leaves(models)
+    return (
+        np.concatenate([np.ravel(a) for a in jax.tree.leaves(state.params)]),
+        np.concatenate([np.asarray(a).reshape(16, -1) for a in leaves], axis=1),
+    )
 
 
 def stateful_algorithms(client_map):
@@ -108,25 +129,71 @@ def stateful_algorithms(client_map):
             ),
             client_map=client_map,
         ),
-        "ditto": ditto(
-            lambda p, b: model.loss({"w": p["w"] * p["z"]}, b),
-            num_clients=16,
-            lam=0.5,
-            client_optimizer=0.05,
-            local=local,
-            cohort=CohortSpec(size=10),
-            client_map=client_map,
-        ),
-        "fedper": fedper(
-            lambda p, b: model.loss({"w": p["w"] * p["z"]}, b),
-            head="z",
-            num_clients=16,
-            client_optimizer=0.05,
-            local=local,
-            cohort=CohortSpec(size=10),
-            client_map=client_map,
-        ),
     }
+
+
+def personalized_algorithms(client_map):
+    """Every personalized preset on the model `x @ (w * z)`, 16 clients, cohort 10."""
+    loss = linear_regression(3).loss
+
+    def wz(p, b):
+        return loss({"w": p["w"] * p["z"]}, b)
+
+    kw = dict(
+        num_clients=16,
+        client_optimizer=0.05,
+        local=LocalSpec(epochs=2, batch_size=4),
+        cohort=CohortSpec(size=10),
+        client_map=client_map,
+    )
+    return {
+        # personal rows: Ditto's v_i, APFL's (v_i, adaptive a_i), pFedMe's theta_i
+        "ditto": ditto(wz, lam=0.5, **kw),
+        "apfl": apfl(wz, mixing=0.25, adaptive=True, **kw),
+        "pfedme": pfedme(wz, lam=5.0, personal_lr=0.02, inner_steps=2, **kw),
+        # personal models fine-tuned from the global one; Per-FedAvg (HF): batches in thirds
+        "per_fedavg_hf": per_fedavg(
+            wz,
+            inner_lr=0.02,
+            variant="hf",
+            adapt_steps=2,
+            **dict(kw, local=LocalSpec(epochs=2, batch_size=6)),
+        ),
+        "fedavg_ft": fedavg_ft(wz, finetune_steps=2, **kw),
+        # partitioned: personal head (FedPer, FedRep), personal body (LG-FedAvg), frozen head
+        "fedper": fedper(wz, head="z", **kw),
+        "lg_fedavg": lg_fedavg(wz, head="z", **kw),
+        "fedrep": fedrep(wz, head="z", head_steps=2, **kw),
+        "fedbabu": fedbabu(wz, head="z", finetune_steps=2, **kw),
+    }
+
+
+# (preset, map mode): every preset vmapped; Ditto's personal rows and FedPer's partition
+# also through `lax.map` in groups of 2 (the map path is the same compose code for all)
+PERSONALIZED = ["ditto", "apfl", "pfedme", "per_fedavg_hf", "fedavg_ft", "fedper", "lg_fedavg"]
+PERSONALIZED += ["fedrep", "fedbabu"]
+PERSONALIZED_CASES = [
+    *((name, "vmap") for name in PERSONALIZED),
+    ("ditto", "map2"),
+    ("fedper", "map2"),
+]
+
+
+def personalized(out, rounds=6):
+    """Global params and personal models of every personalized preset, sharded and not."""
+    data = problem().data
+    mesh = client_mesh(4)
+    maps = {"vmap": ClientMap("vmap"), "map2": ClientMap("map", 2)}
+    results = {"personal/init": np.concatenate([np.ones(3), np.linspace(0.5, 1.5, 3)])}
+    for name, map_name in PERSONALIZED_CASES:
+        cmap = maps[map_name]
+        plain = personalized_algorithms(cmap)[name]
+        shard = personalized_algorithms(ClientMap(cmap.mode, cmap.batch_size, mesh=mesh))[name]
+        for label, alg, m in (("plain", plain, None), ("sharded", shard, mesh)):
+            params, models = run(alg, data, rounds=rounds, mesh=m, personal=True)
+            results[f"{name}/personal/{map_name}/{label}/params"] = params
+            results[f"{name}/personal/{map_name}/{label}/models"] = models
+    np.savez(out, **results)
 
 
 def algorithms(client_map, cohort):
@@ -172,7 +239,6 @@ def sharded(out):
             results[f"{name}/stateful/{map_name}/sharded"] = run(
                 shard[name], data, rounds=6, mesh=mesh
             )
-
     # the pitfall: a gradient step inside shard_map WITHOUT pcast silently sums the gradient
     # of the replicated params over devices; local_train under ClientMap(mesh) does not
     model = linear_regression(3)
@@ -332,6 +398,8 @@ def process(pid, nproc, port, out):
 if __name__ == "__main__":
     if mode == "sharded":
         sharded(sys.argv[2])
+    elif mode == "personalized":
+        personalized(sys.argv[2])
     elif mode == "placement":
         placement(sys.argv[2])
     else:
