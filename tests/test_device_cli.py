@@ -102,6 +102,19 @@ BAD_TRACE = "client,speed,uplink,downlink,period,session,phase,dropout\n0,-1,1,1
             ["--algorithm", "fedbuff", "--device-model", "phones", "--available-cohorts"],
             "--available-cohorts is not used by fedbuff (asynchronous",
         ),
+        (["--algorithm", "fedbuff", "--concurrency", "4"], "--concurrency needs --device-model"),
+        (
+            ["--device-model", "phones", "--concurrency", "4"],
+            "--concurrency caps an asynchronous preset's training clients; fedavg trains",
+        ),
+        (
+            ["--algorithm", "fedbuff", "--device-model", "phones", "--concurrency", "0"],
+            "--concurrency must be",
+        ),
+        (
+            ["--algorithm", "area", "--device-model", "phones", "--concurrency", "500"],
+            "--concurrency 500 exceeds --num-clients 100",
+        ),
     ],
 )
 def test_bad_device_flags_refused_up_front(tmp_path, monkeypatch, capsys, args, message):
@@ -244,6 +257,26 @@ def test_cli_asynchronous_preset_fires_from_the_device_model(tmp_path, capsys):
     times = np.array(history["metrics"]["virtual_time"], float)
     np.testing.assert_allclose(times, expected.arrivals.dt * np.arange(1, 4), rtol=1e-6)
     assert f"{times[-1] / 3600.0:.4g} virtual hours after 3 rounds" in capsys.readouterr().out
+
+
+def test_cli_asynchronous_preset_with_a_concurrency_cap(tmp_path, capsys):
+    """`--concurrency 3`: the events are `event_model(concurrency=3)` of the flags' profiles,
+    and in the run exactly 3 clients train at every iteration (the `training` metric) while
+    at most 3 deliver."""
+    from fedjax_sim.app.config import _model
+
+    cfg = RunConfig(algorithm="fedbuff", device_model="bundled", local_steps=2, num_clients=20,
+                    concurrency=3)  # fmt: skip
+    explicit = {"algorithm", "device_model", "local_steps", "num_clients", "concurrency"}
+    events = algorithm_kwargs(cfg, explicit, model=_model(cfg, (64,), 10))["events"]
+    assert events.concurrency == 3
+    out = tmp_path / "capped"
+    args = ["run", "--algorithm", "fedbuff", "--rounds", "4", "--eval-every", "2"]
+    args += ["--num-clients", "20", "--local-steps", "2", "--no-progress", "--out", str(out)]
+    assert main([*args, "--device-model", "bundled", "--concurrency", "3"]) == 0
+    metrics = json.loads((out / "history.json").read_text())["metrics"]
+    assert np.array_equal(np.asarray(metrics["training"], float), [3.0] * 4)
+    assert "at most 3 clients training" in capsys.readouterr().out
 
 
 def test_cli_sweep_on_the_clock(tmp_path):

@@ -167,6 +167,10 @@ class RunConfig:
     cohort_candidates: float = 8.0
     """Candidates per drawn cohort client of --available-cohorts (g >= 1: ceil(g N) are drawn,
     at most --num-clients; a round with fewer than N of them online runs with fewer)."""
+    concurrency: int | None = None
+    """Asynchronous presets on --device-model: at most K clients training at once (idle clients
+    start uniformly at random when a slot frees; `event_model(concurrency=K)`); default: every
+    client trains all the time. Synchronous presets train their --cohort-size."""
     round_trip_latency: float = 0.1
     """Virtual seconds each extra server round trip of the upload protocol adds to a client's
     time (--secure-aggregation's 3 beyond the plain upload; an assumed mobile round trip)."""
@@ -700,6 +704,7 @@ DEVICE_FLAGS = (
     "availability",
     "available_cohorts",
     "cohort_candidates",
+    "concurrency",
     "round_trip_latency",
 )
 
@@ -748,6 +753,11 @@ def check_device_model(cfg: RunConfig, explicit: Collection[str]) -> None:
                 f"--available-cohorts is not supported with {stream_flag(cfg)} (the streamed "
                 "cohorts are planned before the clock is known)"
             )
+    if cfg.concurrency is not None and stream_flag(cfg):
+        raise UsageError(
+            f"--concurrency is not supported with {stream_flag(cfg)} (the streamed event "
+            "cohorts are planned without the cap)"
+        )
     if "round_trip_latency" in explicit and not cfg.secure_aggregation:
         raise UsageError(
             "--round-trip-latency is paid by --secure-aggregation's extra round trips; "
@@ -796,6 +806,7 @@ def device_events(cfg: RunConfig, model: Any, kwargs: dict[str, Any], accepted: 
         aggregation=Aggregation.every(buffer),
         availability=cfg.availability,
         capacity=kwargs.get("capacity", "auto"),
+        concurrency=cfg.concurrency,
     )
 
 
@@ -869,6 +880,8 @@ def device_summary(cfg: RunConfig) -> str | None:
         parts.append(f"over-selection {cfg.over_selection:g}")
     if cfg.available_cohorts:
         parts.append(f"cohorts among online clients ({cfg.cohort_candidates:g}x candidates)")
+    if cfg.concurrency is not None:
+        parts.append(f"at most {cfg.concurrency} clients training")
     if cfg.secure_aggregation:
         parts.append(f"round-trip latency {cfg.round_trip_latency:g} s")
     return f"device model {cfg.device_model} ({', '.join(parts)})"
@@ -1143,6 +1156,13 @@ def algorithm_kwargs(
                 f"{flag(name)} is not used by {cfg.algorithm} (it has no "
                 f"{concept}); see `fedjax-sim list --what algorithms`"
             )
+    if cfg.concurrency is not None and not asynchronous:
+        raise UsageError(
+            f"--concurrency caps an asynchronous preset's training clients; {cfg.algorithm} "
+            "trains its cohort each round (--cohort-size)"
+        )
+    if cfg.concurrency is not None and cfg.concurrency > cfg.num_clients:
+        raise UsageError(f"--concurrency {cfg.concurrency} exceeds --num-clients {cfg.num_clients}")
     if cfg.lora_rank is not None and "partition" not in accepted:
         raise UsageError(
             f"--lora-rank is not used by {cfg.algorithm} (it has no partition, which LoRA "

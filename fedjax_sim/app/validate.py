@@ -82,6 +82,7 @@ RULES: dict[str, Range] = {
     "deadline": POSITIVE,
     "over_selection": Range(1),
     "cohort_candidates": Range(1),
+    "concurrency": POSITIVE_INT,
     "round_trip_latency": NONNEG,
     # sweep
     "seeds": POSITIVE_INT,
