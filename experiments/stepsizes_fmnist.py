@@ -23,6 +23,9 @@ the partition stays the one of `--seed`), written to
 summary.md, sweep.png with the 95% CI band) plus `<out>/sweep_<schedule><tag>.json` (every
 run's curve and the mean / std / CI of the final accuracy per cell), written atomically once
 every cell is done (progress meanwhile: `<out>/sweep_<schedule><tag>.json.partial`).
+With `--checkpoint-every K` a cell's sweep is checkpointed every K rounds (orbax, under
+`<out>/sweep_<schedule><tag>.ckpt/`) and rerunning the same command skips the finished
+cells and resumes the unfinished one bit for bit: a long run can span sessions.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import time
 
 import jax
@@ -139,6 +143,14 @@ def main() -> None:
     ap.add_argument("--no-cap", action="store_true", help="inner lr not capped at s_k")
     ap.add_argument("--tag", default="", help="suffix of the output file name")
     ap.add_argument("--out", default="experiments/results/stepsizes")
+    ap.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        help="--seeds N: checkpoint each cell's sweep every K rounds in <out>/<name>.ckpt/ "
+        "(and keep finished cells in <name>.json.partial); rerunning the same command "
+        "resumes where it stopped",
+    )
     args = ap.parse_args()
 
     model = lenet((28, 28, 1), 10)
@@ -206,6 +218,13 @@ def run_sweeps(args, model, schedule, client_map, data, evaluate) -> None:
         },
         "cells": {},
     }
+    partial = os.path.join(args.out, f"{name}.json.partial")
+    if args.checkpoint_every and os.path.exists(partial):
+        with open(partial) as f:
+            done = json.load(f)
+        if same_run(done["config"], results["config"]):  # keep the cells it finished
+            results["cells"] = done["cells"]
+            print(f"resuming {name}: done {sorted(results['cells'])}", flush=True)
     for alg_name in args.algorithms:
         alg = make_algorithm(alg_name, model.loss, schedule, args, client_map)
 
@@ -218,13 +237,21 @@ def run_sweeps(args, model, schedule, client_map, data, evaluate) -> None:
                 loss, acc = evaluate(params, ev)
                 return {"pooled_train_loss": loss, "test_accuracy": acc}
 
+            if f"{alg_name}|{part_name}" in results["cells"]:
+                continue
             spec = EvalSpec(every=args.eval_every, central=False, clients=False, extra=extra)
+            checkpoints = {}
+            if args.checkpoint_every:
+                folder = os.path.join(args.out, f"{name}.ckpt", f"{alg_name}_{part_name}")
+                checkpoints = dict(checkpoint_dir=os.path.abspath(folder), resume=True,
+                                   checkpoint_every=args.checkpoint_every)  # fmt: skip
             t0 = time.perf_counter()
             res = sweep(
                 make, train, seeds=range(args.first_seed, args.first_seed + args.seeds),
                 model=model, num_rounds=args.rounds, evaluation=spec, client_map=client_map,
                 progress=False,
                 meta={"algorithm": alg_name, "split": part_name, "schedule": args.schedule},
+                **checkpoints,
             )  # fmt: skip
             seconds = time.perf_counter() - t0
             res.save(os.path.join(args.out, name, f"{alg_name}_{part_name}"))
@@ -259,6 +286,16 @@ def run_sweeps(args, model, schedule, client_map, data, evaluate) -> None:
     final = os.path.join(args.out, f"{name}.json")
     write_atomic(final, results)
     os.remove(final + ".partial")
+    if args.checkpoint_every:  # every cell is in the results: its checkpoints are spent
+        shutil.rmtree(os.path.join(args.out, f"{name}.ckpt"), ignore_errors=True)
+
+
+def same_run(a: dict, b: dict) -> bool:
+    """Two runs' configs compute the same cells (output and checkpoint options aside)."""
+    skip = {"out", "checkpoint_every"}
+    return {k: v for k, v in a.items() if k not in skip} == {
+        k: v for k, v in b.items() if k not in skip
+    }
 
 
 def write_atomic(path: str, results: dict) -> None:

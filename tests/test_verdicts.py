@@ -108,6 +108,16 @@ def test_partial_progress_file_is_ignored(tmp_path, monkeypatch):
     assert "**not run**" in line and "reason and cost" in line and "incomplete" not in line
 
 
+def test_resume_keeps_cells_of_the_same_run_only():
+    """`--checkpoint-every`: a rerun keeps the finished cells of a `.partial` written by the
+    same settings (the output folder and the checkpoint interval aside), not another run's."""
+    fmnist = pytest.importorskip("stepsizes_fmnist")
+    cfg = {"rounds": 200, "seeds": 5, "first_seed": 5, "out": "a", "checkpoint_every": 10}
+    assert fmnist.same_run(cfg, dict(cfg, out="/abs/a", checkpoint_every=20))
+    assert not fmnist.same_run(cfg, dict(cfg, rounds=100))
+    assert not fmnist.same_run(cfg, dict(cfg, first_seed=0))
+
+
 def _clock_blob(fedbuff_acc: list[float], seeds: int = 5, fedavg_seeds: int = 5) -> dict:
     """A `cross_device_clock.py` result: FedAvg reaches 0.8 at 1 h (its target 0.72 at 0.5 h),
     FedBuff's accuracies at 0, 0.1, 0.2 h as given."""
