@@ -441,11 +441,12 @@ SS_FRESH = "independent: seeds 5-9 replicate seeds 0-4 (no selection either way)
 
 def fresh_not_run(part: str, rounds: int, suffix: str) -> str:
     """The reason, cost and command of a claim (ii) run on fresh seeds 5-9."""
-    return (f"not run (~{38 * rounds // 100} min on the idle 2 cores; Fashion-MNIST: Debian "
-            "`dataset-fashion-mnist`): `stepsizes_fmnist.py --schedule fixed --seeds 5 "
+    return (f"not run (~{38 * rounds // 100} min on the idle 2 cores, up to 3x that on a slow "
+            "day; Fashion-MNIST: Debian `dataset-fashion-mnist`; rerunning the command resumes "
+            "from its checkpoints): `stepsizes_fmnist.py --schedule fixed --seeds 5 "
             f"--first-seed 5 --rounds {rounds} --eval-every 10 --local-steps 30 --batch-size 64 "
             f"--partitions {part} --algorithms FedAvg EF-FedAvg --inner-steps 1 --no-cap --tag "
-            f"_T30b64_J1_uncapped_K{rounds}{suffix}_fresh`")  # fmt: skip
+            f"_T30b64_J1_uncapped_K{rounds}{suffix}_fresh --checkpoint-every 10`")  # fmt: skip
 
 
 FG_DIFF = ("Fashion-MNIST, 100 clients, 480 local iterations (the paper: CIFAR-10, 20,000); "
