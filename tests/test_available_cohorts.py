@@ -176,3 +176,26 @@ def test_aware_cohorts_report_more_clients_than_the_default():
     assert (aware.metric("unavailable") == 0).all()
     assert aware.metric("participants").mean() >= 5.5
     assert plain.metric("participants").mean() < 4
+
+
+def test_sweep_run_r_equals_the_single_run():
+    """In a sweep (runs vmapped) each run's aware cohorts, clock and metrics are those of the
+    single run of its seed."""
+    from fedjax_sim.run.sweep import sweep
+
+    c = 40
+    tab = table(np.random.default_rng(7), c, on_fraction=0.4)
+    data, model = problem(c).data, linear_regression(DIM)
+    alg = fedavg(model.loss, cohort=CohortSpec(size=5), local=LocalSpec(steps=2),
+                 report_cohort=True,
+                 device_model=DeviceModel(TraceProfiles(tab), cohort="available"))  # fmt: skip
+    kw = dict(model=model, num_rounds=4, evaluation=EvalSpec(every=4, train=True))
+    result = sweep(lambda hp: alg, data, seeds=[3, 4], progress=False, **kw)
+    for run_ in result.runs:
+        single = simulate(alg, data, jax.random.key(run_.seed), progress=False, **kw)
+        swept = result.histories[run_.index]
+        np.testing.assert_array_equal(swept.metric("cohort_ids"), single.metric("cohort_ids"))
+        for k in ("virtual_time", "participants", "unavailable", "train_loss"):
+            np.testing.assert_allclose(swept.metric(k), single.metric(k), rtol=1e-5, err_msg=k)
+    ids = [result.histories[r.index].metric("cohort_ids") for r in result.runs]
+    assert not np.array_equal(*ids)  # the seeds draw different cohorts

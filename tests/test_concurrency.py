@@ -110,3 +110,25 @@ def test_event_model_cap_and_fedbuff_run():
     for _ in range(20):
         state, metrics = step(state, data, jax.random.key(1))
         assert int(metrics["training"]) == k and int(metrics["fired"]) <= k
+
+
+def test_sweep_run_r_equals_the_single_run():
+    """FedBuff with a cap in a sweep: each run's deliveries, `training` and virtual time are
+    those of the single run of its seed."""
+    from fedjax_sim.run.simulate import EvalSpec, simulate
+    from fedjax_sim.run.sweep import sweep
+
+    c = 30
+    profiles = ProceduralProfiles(0, **PROFILES["homogeneous"])
+    events = event_model(profiles, c, steps=2, bytes_down=1e5, bytes_up=1e5, concurrency=4)
+    data = least_squares(num_clients=c, examples_per_client=np.full(c, 6), dim=3, seed=0).data
+    model = linear_regression(3)
+    alg = fedbuff(model.loss, events=events, local=LocalSpec(steps=2))
+    kw = dict(model=model, num_rounds=8, evaluation=EvalSpec(every=8, train=True))
+    result = sweep(lambda hp: alg, data, seeds=[1, 2], progress=False, **kw)
+    for run_ in result.runs:
+        single = simulate(alg, data, jax.random.key(run_.seed), progress=False, **kw)
+        swept = result.histories[run_.index]
+        for k in ("fired", "training", "virtual_time", "train_loss"):
+            np.testing.assert_allclose(swept.metric(k), single.metric(k), rtol=1e-5, err_msg=k)
+        np.testing.assert_array_equal(swept.metric("training"), 4)
