@@ -4,6 +4,8 @@ python tests/distributed_worker.py sharded OUT.npz
     4 virtual devices: sharded vs unsharded runs of the same algorithms.
 python tests/distributed_worker.py personalized OUT.npz
     4 virtual devices: the personalized presets' params and personal models, both ways.
+python tests/distributed_worker.py clock OUT.npz
+    4 virtual devices: the virtual clock's features, sharded vs unsharded.
 python tests/distributed_worker.py placement OUT.npz
     2 virtual devices: the shardings `place_run` gives a SCAFFOLD state and its data.
 python tests/distributed_worker.py process PID NPROC PORT OUT.npz
@@ -16,7 +18,7 @@ import tempfile
 
 mode = sys.argv[1]
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=" + (
-    "4" if mode in ("sharded", "personalized") else "2"
+    "4" if mode in ("sharded", "personalized", "clock") else "2"
 )
 os.environ["JAX_PLATFORMS"] = "cpu"
 
@@ -28,7 +30,12 @@ import optax  # noqa: E402
 from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg, fedprox  # noqa: E402
 from fedjax_sim.algorithms.area import area  # noqa: E402
 from fedjax_sim.algorithms.core import local_train, minibatch  # noqa: E402
-from fedjax_sim.algorithms.device_model import DeviceModel, named_profiles  # noqa: E402
+from fedjax_sim.algorithms.device_model import (  # noqa: E402
+    DeviceModel,
+    event_model,
+    named_profiles,
+)
+from fedjax_sim.algorithms.events import Aggregation  # noqa: E402
 from fedjax_sim.algorithms.fedbuff import fedbuff  # noqa: E402
 from fedjax_sim.algorithms.partitioned import fedbabu, fedper, fedrep, lg_fedavg  # noqa: E402
 from fedjax_sim.algorithms.personal_models import (  # noqa: E402
@@ -116,8 +123,18 @@ def stateful_algorithms(client_map):
         ),
         "area": area(model.loss, **events_kw),
         "fedbuff": fedbuff(model.loss, **events_kw),
-        # the virtual clock: over-selection draws 10 and keeps the first 8 to finish, a 4 s
-        # deadline cuts the slower ones' steps (partial work)
+    }
+
+
+def clock_algorithms(client_map):
+    """The virtual clock's features, 16 clients: over-selection (draw 10, keep the first 8
+    to finish) with a 4 s deadline and partial work; cohorts of 6 drawn among the online
+    phones (12 candidates); FedBuff firing from the phones' profiles with at most 4 clients
+    training at once."""
+    model = linear_regression(3)
+    local = LocalSpec(epochs=2, batch_size=4)
+    phones = named_profiles("phones", seed=1)
+    return {
         "fedavg_clock": fedavg(
             model.loss,
             num_clients=16,
@@ -129,7 +146,47 @@ def stateful_algorithms(client_map):
             ),
             client_map=client_map,
         ),
+        "fedavg_available": fedavg(
+            model.loss,
+            num_clients=16,
+            client_optimizer=0.05,
+            local=local,
+            cohort=CohortSpec(size=6),
+            device_model=DeviceModel(phones, cohort="available", candidates=2.0),
+            client_map=client_map,
+        ),
+        "fedbuff_capped": fedbuff(
+            model.loss,
+            events=event_model(
+                phones,
+                16,
+                steps=2,
+                bytes_down=1e3,
+                bytes_up=1e3,
+                concurrency=4,
+                aggregation=Aggregation.every(1),
+                max_probability=0.5,
+            ),
+            client_optimizer=0.05,
+            local=LocalSpec(steps=2, batch_size=4),
+            client_map=client_map,
+        ),
     }
+
+
+def clock(out):
+    """Final `w` of the clock's features (`clock_algorithms`), sharded and not."""
+    data = problem().data
+    mesh = client_mesh(4)
+    results = {}
+    for map_name, cmap in {"vmap": ClientMap("vmap"), "map2": ClientMap("map", 2)}.items():
+        plain = clock_algorithms(cmap)
+        shard = clock_algorithms(ClientMap(cmap.mode, cmap.batch_size, mesh=mesh))
+        for name in plain:
+            rounds = 20 if name == "fedbuff_capped" else 6  # ~9 deliveries in 20 iterations
+            results[f"{name}/{map_name}/plain"] = run(plain[name], data, rounds=rounds)
+            results[f"{name}/{map_name}/sharded"] = run(shard[name], data, rounds, mesh=mesh)
+    np.savez(out, **results)
 
 
 def personalized_algorithms(client_map):
@@ -400,6 +457,8 @@ if __name__ == "__main__":
         sharded(sys.argv[2])
     elif mode == "personalized":
         personalized(sys.argv[2])
+    elif mode == "clock":
+        clock(sys.argv[2])
     elif mode == "placement":
         placement(sys.argv[2])
     else:
