@@ -28,18 +28,19 @@ CASES = [
 ENV = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
 
 
-@pytest.fixture(scope="module")
-def sharded_results(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("sharded") / "out.npz")
+def _worker_results(tmp_path_factory, mode: str) -> dict:
+    """The arrays `distributed_worker.py MODE OUT.npz` writes, run in a subprocess."""
+    out = str(tmp_path_factory.mktemp(mode) / "out.npz")
     proc = subprocess.run(
-        [sys.executable, WORKER, "sharded", out],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=ENV,
+        [sys.executable, WORKER, mode, out], capture_output=True, text=True, timeout=900, env=ENV
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return dict(np.load(out))
+
+
+@pytest.fixture(scope="module")
+def sharded_results(tmp_path_factory):
+    return _worker_results(tmp_path_factory, "sharded")
 
 
 @pytest.mark.parametrize("name, cohort, cmap", CASES)
@@ -64,12 +65,7 @@ def test_sharded_per_client_state_and_async_equal_unsharded(sharded_results, nam
 
 @pytest.fixture(scope="module")
 def clock_results(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("clock") / "out.npz")
-    proc = subprocess.run(
-        [sys.executable, WORKER, "clock", out], capture_output=True, text=True, timeout=900, env=ENV
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return dict(np.load(out))
+    return _worker_results(tmp_path_factory, "clock")
 
 
 @pytest.mark.parametrize("name", ["fedavg_clock", "fedavg_available", "fedbuff_capped"])
@@ -95,16 +91,7 @@ PERSONALIZED_CASES = [
 
 @pytest.fixture(scope="module")
 def personalized_results(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("personalized") / "out.npz")
-    proc = subprocess.run(
-        [sys.executable, WORKER, "personalized", out],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=ENV,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return dict(np.load(out))
+    return _worker_results(tmp_path_factory, "personalized")
 
 
 @pytest.mark.parametrize("name, cmap", PERSONALIZED_CASES)

@@ -184,19 +184,26 @@ def test_rule_needs_lora_rank():
 
 
 # ------------------------------------------------------------------------------ bytes
+def _ranked_work(rule, ranks, rank, steps):
+    """`(train, model, ClientWork)`: a rank-`rank` LoRA transformer (query and value of 2
+    blocks, 64 -> 64) whose clients train ranks `ranks` under HetLoRA or FLoRA."""
+    train, _ = _task()
+    model = transformer(train.x.shape[2:], int(np.max(train.y)) + 1, lora_rank=rank,
+                        lora_targets=("query", "value"))  # fmt: skip
+    hook = hetlora(ranks) if rule == "hetlora" else flora(ranks, 1.0)
+    work = ClientWork(model.loss, client_optimizer=0.1, local=LocalSpec(steps=steps, batch_size=4),
+                      hook=chain(hook), partition=lora_partition())  # fmt: skip
+    return train, model, work
+
+
 @pytest.mark.parametrize("rule", ["hetlora", "flora"])
 def test_bytes_up_counts_each_clients_true_rank(rule):
     """bytes_up = sum over the cohort's reporting clients of `(d_in + d_out) r_i` float32
     values per adapted module (here query and value of 2 blocks, 64 -> 64), not the
     max-rank padded adapters."""
-    train, test = _task()
     r, d_model, layers = 4, 64, 2
-    model = transformer(train.x.shape[2:], int(np.max(train.y)) + 1, lora_rank=r,
-                        lora_targets=("query", "value"))  # fmt: skip
     ranks = np.array([1, 3, 2, 4])
-    hook = hetlora(ranks) if rule == "hetlora" else flora(ranks, 1.0)
-    work = ClientWork(model.loss, client_optimizer=0.1, local=LocalSpec(steps=1, batch_size=4),
-                      hook=chain(hook), partition=lora_partition())  # fmt: skip
+    train, model, work = _ranked_work(rule, ranks, r, steps=1)
     alg = compose(work, num_clients=C, cohort=CohortSpec(size=3), report_cohort=True)
     state = alg.init(model.init(jax.random.key(0)), jax.random.key(0))
     per_rank = layers * 2 * (d_model + d_model) * 4  # blocks x modules x (A col + B row) x f32
@@ -216,14 +223,9 @@ def test_the_clock_times_each_clients_upload_at_its_rank(rule):
     `bytes_down / downlink + steps / speed + bytes_i / uplink`, computed here from the
     device profile and the true ranks (with padded uploads every client would take the
     rank-4 time, which the last assertion tells apart)."""
-    train, _ = _task()
     r, d_model, layers = 4, 64, 2
-    model = transformer(train.x.shape[2:], int(np.max(train.y)) + 1, lora_rank=r,
-                        lora_targets=("query", "value"))  # fmt: skip
     ranks = np.array([1, 3, 2, 1])
-    hook = hetlora(ranks) if rule == "hetlora" else flora(ranks, 1.0)
-    work = ClientWork(model.loss, client_optimizer=0.1, local=LocalSpec(steps=2, batch_size=4),
-                      hook=chain(hook), partition=lora_partition())  # fmt: skip
+    train, model, work = _ranked_work(rule, ranks, r, steps=2)
     speed, up, down = 4.0, 1000.0, 1.0e6
     profiles = ProceduralProfiles(0, speed=constant(speed), uplink=constant(up),
                                   downlink=constant(down), **PROFILES["always_on"])  # fmt: skip
