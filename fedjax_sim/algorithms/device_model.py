@@ -113,7 +113,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sim.algorithms.core import CohortSpec, client_key, float_dtype
-from fedjax_sim.algorithms.events import Aggregation, Arrivals, Availability, Events
+from fedjax_sim.algorithms.events import (
+    Aggregation,
+    Arrivals,
+    Availability,
+    Events,
+    compact_first,
+)
 from fedjax_sim.core.checks import check_number, positive
 
 FIELDS = ("speed", "uplink", "downlink", "period", "session", "phase", "dropout")
@@ -511,10 +517,7 @@ class DeviceModel:
         if not 1 <= size <= k:
             raise ValueError(f"an available cohort of {size} needs 1..{k} candidates")
         on = online(self.profiles(ids), jnp.asarray(clock, float_dtype()))
-        pos = jnp.arange(k, dtype=jnp.int32)
-        priority = jnp.where(on, pos, pos + k)
-        _, slots = jax.lax.top_k(-priority, size)
-        return slots
+        return compact_first(on, ~on, size)
 
     def available_cohort(
         self, clock: jax.Array, key: jax.Array, cohort: CohortSpec, counts: jax.Array

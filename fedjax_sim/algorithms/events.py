@@ -103,6 +103,15 @@ def compact(mask: jax.Array, capacity: int) -> jax.Array:
     return jnp.where(targets <= counts[-1], ids, n).astype(jnp.int32)
 
 
+def compact_first(first: jax.Array, second: jax.Array, capacity: int) -> jax.Array:
+    """Compaction with priority: ids of the first `capacity` true entries of `first [C]`,
+    then of `second [C]`, each in id order: `[capacity]` int32 (padded with C)."""
+    n_first = jnp.sum(first)
+    a, z = compact(first, capacity), compact(second, capacity)
+    pos = jnp.arange(capacity)
+    return jnp.where(pos < n_first, a, z[jnp.clip(pos - n_first, 0, capacity - 1)])
+
+
 # ------------------------------------------------------------------------------ configuration
 def _as_rates(values: Any, name: str, num_clients: int | None = None) -> np.ndarray:
     arr = np.asarray(values, np.float64)
@@ -558,7 +567,7 @@ class Events:
                 overdue = state.next_event < k_new
                 ids = lax.cond(
                     jnp.any(overdue),
-                    lambda: self._two_pass(overdue, due_all & ~overdue, b),
+                    lambda: compact_first(overdue, due_all & ~overdue, b),
                     lambda: compact(due_all, b),
                 )
             safe = jnp.minimum(ids, c - 1)
@@ -657,23 +666,14 @@ class Events:
         eligible = distinct & ((gather_rows(state.next_event, cand) >= NEVER) | finishing)
         if self.availability is not None:
             eligible = eligible & self.availability.at(t_new, cand)
-        pos = jnp.arange(r, dtype=jnp.int32)
-        _, sel = lax.top_k(-jnp.where(eligible, pos, pos + r), b)
-        starts = cand[sel]
-        started = eligible[sel] & (jnp.arange(b) < wanted)
+        sel = compact(eligible, b)  # the first b eligible candidates, in draw order
+        starts = cand[jnp.minimum(sel, r - 1)]
+        started = (sel < r) & (jnp.arange(b) < wanted)
         p = jnp.asarray(self.arrivals.values, ftype)[starts]
         gap = jnp.minimum(_geometric(uniforms(k_gap, starts, ftype), p), NEVER - 1 - k_new)
         starts = jnp.where(started, starts, c).astype(jnp.int32)
         start_next = jnp.where(started, k_new + gap, NEVER)
         return starts, started, start_next, (training + jnp.sum(started)).astype(jnp.int32)
-
-    @staticmethod
-    def _two_pass(first: jax.Array, second: jax.Array, b: int) -> jax.Array:
-        """Compaction with priority: all `first` (deferred) clients before `second`."""
-        n_first = jnp.sum(first)
-        a, z = compact(first, b), compact(second, b)
-        pos = jnp.arange(b)
-        return jnp.where(pos < n_first, a, z[jnp.clip(pos - n_first, 0, b - 1)])
 
     def advance(
         self, state: EventState, tick: Tick, *, read_after_aggregate: bool = False
