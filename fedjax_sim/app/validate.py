@@ -94,6 +94,7 @@ RULES: dict[str, Range] = {
     "map_batch": POSITIVE_INT,
     "repeats": Range(3, INT32_MAX),
     "cohorts": POSITIVE_INT,
+    "baseline_cohorts": POSITIVE_INT,
     "steps_list": POSITIVE_INT,
     "widths": POSITIVE_INT,
     "map_batches": POSITIVE_INT,
@@ -590,11 +591,12 @@ def check_bench(cfg: Any) -> str:
     check_fields(cfg)
     if cfg.devices is not None:
         check_devices(cfg.devices)
-        if cfg.clients is not None and cfg.devices > cfg.clients:
-            raise UsageError(
-                f"--devices {cfg.devices} exceeds --clients {cfg.clients} (the client axis is "
-                "what is sharded)"
-            )
+        for clients in (cfg.clients, *cfg.baseline_cohorts):
+            if clients is not None and cfg.devices > clients:
+                raise UsageError(
+                    f"--devices {cfg.devices} exceeds the cohort {clients} (the client axis "
+                    "is what is sharded)"
+                )
     check_writable_dir(cfg.out)
     return cfg.out
 

@@ -6,14 +6,20 @@
   clients train: per client a fresh copy of the global model (`copy.deepcopy`), a new SGD
   optimizer, K minibatch steps with `cross_entropy` + `backward` + `step`, then the
   count-weighted average of the local models. Needs the optional extra `peers` (torch).
+- pfl-research (`run_pfl`): its `FederatedAveraging` on its `SimulatedBackend` with its
+  PyTorch model, run by `benchmarks/peers/pfl_fedavg.py` under the python of a separate venv
+  (`benchmarks/peers/pfl_venv.sh` makes `.venv-pfl`; pfl pins packages the project does not).
 
-Both compute plain FedAvg (client SGD with a fixed learning rate, server averaging with
+All compute plain FedAvg (client SGD with a fixed learning rate, server averaging with
 count weights) on `Workload` data, so times are comparable with `fedavg` rounds.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +29,7 @@ import numpy as np
 import optax
 
 from fedjax_sim.algorithms.core import LOCAL, client_key, local_train, round_key
+from fedjax_sim.app.bench.results import REPO
 from fedjax_sim.app.bench.workloads import CLIENT_LR, Workload
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.base import Model
@@ -164,3 +171,51 @@ class TorchFedAvg:
             n_total += n
         if n_total:
             self.model.load_state_dict({k: v / n_total for k, v in total.items()})
+
+
+# ------------------------------------------------------------------------------ pfl-research
+PFL_SCRIPT = os.path.join(REPO, "benchmarks", "peers", "pfl_fedavg.py")
+PFL_VENV_PYTHON = os.path.join(REPO, ".venv-pfl", "bin", "python")
+
+
+def pfl_python(python: str | None = None) -> str | None:
+    """The pfl venv's python: `python` if given, else `.venv-pfl/bin/python` of this checkout;
+    None if that file does not exist."""
+    path = python or PFL_VENV_PYTHON
+    return path if os.path.exists(path) else None
+
+
+def pfl_spec(w: Workload, rounds: int, threads: int | None = None, seed: int = 0) -> dict:
+    """The JSON spec of `benchmarks/peers/pfl_fedavg.py` for `rounds` FedAvg rounds of `w`
+    (every client each round, client SGD at `CLIENT_LR`, server SGD at 1)."""
+    if w.algorithm != "fedavg":
+        raise ValueError(f"the pfl peer runs FedAvg only, got {w.algorithm!r}")
+    if w.model == "logistic":
+        w = w.replace(model="mlp", hidden=())
+    return {
+        "model": w.model,
+        "widths": list(w.widths),
+        "image": list(w.image),
+        "num_classes": w.num_classes,
+        "clients": w.clients,
+        "per_client": w.per_client,
+        "local_steps": w.local_steps,
+        "batch_size": w.batch_size,
+        "lr": CLIENT_LR,
+        "rounds": rounds,
+        "threads": threads,
+        "seed": seed,
+    }
+
+
+def run_pfl(spec: dict, python: str, timeout_s: float | None = None) -> dict:
+    """Runs `pfl_fedavg.py` with `python` on `spec`; its result object (RuntimeError with the
+    end of its stderr if it fails)."""
+    proc = subprocess.run(
+        [python, PFL_SCRIPT, json.dumps(spec)], capture_output=True, text=True, timeout=timeout_s
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode or not lines:
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+        raise RuntimeError(f"pfl peer failed (exit {proc.returncode}): {tail}")
+    return json.loads(lines[-1])

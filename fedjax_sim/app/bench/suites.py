@@ -232,39 +232,73 @@ def suite_round(s: Session) -> list[dict]:
     return [s.measure("engine", w, "round", f"{w.name} {w.algorithm} {w.mode_label}")]
 
 
-def suite_baselines(s: Session) -> list[dict]:
-    w = s.main_workload().replace(algorithm="fedavg")
-    rows = [s.measure("engine", w, "baselines", f"fedjax_sim {w.mode_label}")]
+System = tuple[str, Workload, str, dict[str, Any]]  # task, workload, label, spec extras
+
+
+def baseline_systems(s: Session, w: Workload, tag: str = "") -> list[System]:
+    """The engine (sharded over `w.devices`, on one device, memory-fitted) and the peers on
+    `w`: the per-client jitted loop, the PyTorch loop and pfl-research (each with one torch
+    thread and with torch's default, or with `--torch-threads`)."""
+    systems: list[System] = [("engine", w, f"fedjax_sim {w.mode_label}{tag}", {})]
     if w.devices > 1:  # the same engine on one device, side by side
         one = w.replace(devices=1)
-        rows.append(s.measure("engine", one, "baselines", f"fedjax_sim {one.mode_label}"))
+        systems.append(("engine", one, f"fedjax_sim {one.mode_label}{tag}", {}))
     fitted = fit(w, s.budget)
     if fitted.mode_label != w.mode_label:
-        rows.append(
-            s.measure("engine", fitted, "baselines", f"fedjax_sim fit: {fitted.mode_label}")
-        )
-    rows.append(s.measure("loop", w, "baselines", "per-client python loop (jit client update)"))
+        systems.append(("engine", fitted, f"fedjax_sim fit: {fitted.mode_label}{tag}", {}))
+    systems.append(("loop", w, f"per-client python loop (jit client update){tag}", {}))
     # torch with one thread and with its default (all cores): on a loaded machine OpenMP
     # threads that wait on each other can make the multi-threaded loop far slower
     threads = [s.cfg.torch_threads] if s.cfg.torch_threads else [1, None]
-    for t in threads:
-        label = f"PyTorch per-client loop ({t or 'default'} thread{'s' if t != 1 else ''})"
-        rows.append(s.measure("torch", w, "baselines", label, torch_threads=t))
-    ours = [r for r in rows if r["kind"] == "round" and r["engine"] == "fedjax_sim"]
-    summary: dict[str, Any] = {"kind": "summary", "suite": "baselines", "label": "speedups"}
+    for name, task in (("PyTorch per-client loop", "torch"), ("pfl-research", "pfl")):
+        for t in threads:
+            label = f"{name} ({t or 'default'} thread{'s' if t != 1 else ''}){tag}"
+            extra: dict[str, Any] = {"torch_threads": t}
+            if task == "pfl":
+                extra["pfl_python"] = s.cfg.pfl_python
+            systems.append((task, w, label, extra))
+    return systems
+
+
+def suite_baselines(s: Session) -> list[dict]:
+    """Every system of `baseline_systems` at each cohort size (`--baseline-cohorts`, default
+    the workload's), each measurement in its own process; the order of the systems is
+    reversed at every other cohort so that a drift of the machine's speed during the run
+    does not favour the systems measured first. A `speedups` summary per cohort."""
+    base = s.main_workload().replace(algorithm="fedavg")
+    cohorts = s.cfg.baseline_cohorts or (base.clients,)
+    rows: list[dict] = []
+    for i, c in enumerate(cohorts):
+        tag = f" M={c}" if s.cfg.baseline_cohorts else ""
+        systems = baseline_systems(s, base.replace(clients=c), tag)
+        order = list(range(len(systems)))[:: -1 if i % 2 else 1]
+        measured: dict[int, dict] = {}
+        for j in order:
+            task, w, label, extra = systems[j]
+            measured[j] = s.measure(task, w, "baselines", label, **extra)
+        cohort_rows = [measured[j] for j in range(len(systems))]
+        rows += cohort_rows + [_summary(speedups(cohort_rows, f"speedups{tag}"))]
+    return rows
+
+
+def speedups(rows: list[dict], label: str) -> dict[str, Any]:
+    """The best engine row's median over each peer's (`speedup_vs`, by label)."""
+    summary: dict[str, Any] = {"kind": "summary", "suite": "baselines", "label": label}
+    measured = [r for r in rows if r["kind"] == "round"]
+    ours = [r for r in measured if r["engine"] == "fedjax_sim"]
     if ours:
         best = min(ours, key=lambda r: r["round_s_median"])
         summary["best"] = best["label"]
         summary["speedup_vs"] = {
             r["label"]: round(r["round_s_median"] / best["round_s_median"], 3)
-            for r in rows
-            if r["kind"] == "round" and r["engine"] != "fedjax_sim"
+            for r in measured
+            if r["engine"] != "fedjax_sim"
         }
-        torch_rows = [r for r in rows if r["kind"] == "round" and r["engine"] == "torch-loop"]
+        torch_rows = [r for r in measured if r["engine"] == "torch-loop"]
         if torch_rows:
             fastest = min(r["round_s_median"] for r in torch_rows)
             summary["speedup_vs_fastest_torch"] = round(fastest / best["round_s_median"], 3)
-    return rows + [_summary(summary)]
+    return summary
 
 
 def suite_modes(s: Session) -> list[dict]:
