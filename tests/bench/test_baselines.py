@@ -18,7 +18,7 @@ import pytest
 from fedjax_sim.algorithms import fedavg
 from fedjax_sim.algorithms.core import LocalSpec
 from fedjax_sim.app.bench import baselines
-from fedjax_sim.app.bench.workloads import CLIENT_LR, Workload, make_model
+from fedjax_sim.app.bench.workloads import CLIENT_LR, Workload, make_data, make_model, preset
 from fedjax_sim.data import FederatedData
 
 W = Workload(
@@ -138,6 +138,25 @@ def test_torch_baseline_matches_ours(problem):
     peer.round(indices=idx)
     assert_params_close(problem["ours"], peer.params())
     peer.round()  # the benchmark's own sampling runs too
+
+
+def test_torch_cnn_loop_computes_our_cnn_and_our_round():
+    """pfl's CIFAR CNN (`models.simple_cnn`) in the PyTorch loop: the layouts round-trip, the
+    torch module computes our model's logits, one FedAvg round equals ours."""
+    pytest.importorskip("torch", reason="torch is the optional extra 'peers'")
+    w = preset("tiny-cnn")
+    model, data = make_model(w), make_data(w, seed=1)
+    key, params = jax.random.key(3), model.init(jax.random.key(1))
+    local = LocalSpec(steps=w.local_steps, batch_size=w.batch_size)
+    alg = fedavg(model.loss, client_optimizer=CLIENT_LR, local=local)
+    state, _ = jax.jit(alg.step)(alg.init(params, key), data, key)
+    x, y, counts = (np.asarray(a) for a in (data.x, data.y, data.counts))
+    peer = baselines.TorchFedAvg(w, jax.device_get(params), x, y, counts, threads=1)
+    assert_params_close(peer.params(), params, tol=0)
+    logits = peer.model(peer.x[0]).detach().numpy()
+    np.testing.assert_allclose(logits, model.apply(params, data.x[0]), atol=1e-5)
+    peer.round(indices=baselines.batch_indices(key, counts, w))
+    assert_params_close(jax.device_get(state.params), peer.params(), tol=1e-5)
 
 
 def test_equal_sizes_numpy_reference_matches_ours(equal):

@@ -4,12 +4,13 @@ memory-budget skip and the watchdog that kills a measurement over its memory cap
 
 import json
 import os
+import sys
 
 import pytest
 
 from fedjax_sim import algorithms
 from fedjax_sim.algorithms import fedavg
-from fedjax_sim.app.bench import runner, suites
+from fedjax_sim.app.bench import baselines, runner, suites
 from fedjax_sim.app.bench.config import BenchConfig
 from fedjax_sim.app.bench.results import read_rows, validate_row
 from fedjax_sim.app.bench.workloads import (
@@ -205,3 +206,70 @@ def test_client_steps_count_the_local_steps_actually_taken():
     row = runner.measure_engine(w, repeats=3, suite="t", flops=False, peak=PEAK)
     assert row["clients_per_step"] == w.clients
     assert row["client_steps_per_s"] == pytest.approx(w.clients / row["round_s_median"], rel=1e-3)
+
+
+# a stand-in for benchmarks/peers/pfl_fedavg.py (same argument and result line), so that the
+# plumbing of the pfl rows runs on CI, where pfl-research's venv is not built
+FAKE_PFL = """import json, sys
+spec = json.loads(sys.argv[1])
+print("a log line of the peer")
+laps = [0.5] + [0.1 * (i + 1) for i in range(spec["rounds"] - 1)]
+print(json.dumps({"round_s": laps, "pfl": "fake", "torch": "-", "torch_threads":
+    spec["threads"], "peak_rss_bytes": 12345, "local": spec["model"]}))
+"""
+
+
+def test_baselines_suite_runs_every_system_per_cohort_in_alternating_order(
+    tmp_path, monkeypatch, cheap
+):
+    script = tmp_path / "fake_pfl.py"
+    script.write_text(FAKE_PFL)
+    monkeypatch.setattr(baselines, "PFL_SCRIPT", str(script))
+    calls = []
+    measure = suites.Session.measure
+
+    def spy(self, task, w, suite, label, **extra):
+        calls.append((task, w.clients))
+        return measure(self, task, w, suite, label, **extra)
+
+    monkeypatch.setattr(suites.Session, "measure", spy)
+    monkeypatch.setattr(suites, "fit", lambda w, budget: w)  # no memory-fitted engine row
+    cfg = BenchConfig(
+        suite=("baselines",),
+        workload="tiny-mlp",
+        baseline_cohorts=(2, 3),
+        torch_threads=1,
+        pfl_python=sys.executable,
+        isolate=False,
+        flops=False,
+        plots=False,
+        peak_n=64,
+        out=str(tmp_path / "res"),
+    )
+    rows = suites.run(cfg, log=lambda line: None)["baselines"]
+    systems = ["engine", "loop", "torch", "pfl"]
+    assert calls == [(t, 2) for t in systems] + [(t, 3) for t in reversed(systems)]
+    # rows stay in system order, each cohort followed by its speedups
+    kinds = [r.get("engine", r["label"]) for r in rows]
+    per_cohort = ["fedjax_sim", "python-loop", "torch-loop", "pfl"]
+    assert kinds == per_cohort + ["speedups M=2"] + per_cohort + ["speedups M=3"]
+    pfl = rows[3]
+    assert pfl["label"] == "pfl-research (1 thread) M=2" and pfl["clients"] == 2
+    assert pfl["round_s"] == [0.1, 0.2, 0.3] and pfl["first_round_s"] == 0.5  # laps[1:]
+    assert pfl["peak_memory_bytes"] == 12345 and pfl["torch_threads"] == 1
+    w = preset("tiny-mlp")
+    assert pfl["client_steps_per_s"] == pytest.approx(2 * w.local_steps / 0.2)
+    summary = rows[4]
+    assert set(summary["speedup_vs"]) == {r["label"] for r in rows[1:4]}
+    assert summary["speedup_vs"][pfl["label"]] == pytest.approx(
+        0.2 / rows[0]["round_s_median"], rel=2e-3
+    )
+    assert [r["clients"] for r in read_rows(os.path.join(cfg.out, "baselines.jsonl"))[5:9]] == [
+        3
+    ] * 4
+
+
+def test_pfl_row_is_skipped_naming_the_venv_recipe():
+    row = runner.measure_pfl(preset("tiny-mlp"), python="/nonexistent/python", peak=PEAK)
+    assert row["kind"] == "skipped" and "benchmarks/peers/pfl_venv.sh" in row["reason"]
+    validate_row(row, stamped=False)

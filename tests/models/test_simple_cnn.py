@@ -1,6 +1,6 @@
 """pfl-research's CIFAR CNN (`models.simple_cnn`): parameter count, im2col == lax convolutions
-(values, gradients, forward-mode derivatives), and the same function as a PyTorch module
-built like pfl's (dropout off) from the same weights."""
+(values, gradients, forward-mode derivatives). The same function as a PyTorch module built
+like pfl's (dropout off) from the same weights: `tests/bench/test_baselines.py`."""
 
 import jax
 import jax.numpy as jnp
@@ -35,31 +35,6 @@ def test_im2col_equals_lax_convolution_forward_and_backward():
     tangent = jax.tree.map(lambda p: jnp.ones_like(p) * 0.01, params)
     jvp = [jax.jvp(lambda p, m=m: m.apply(p, x), (params,), (tangent,))[1] for m in (fast, ref)]
     np.testing.assert_allclose(jvp[0], jvp[1], rtol=1e-4, atol=1e-5)
-
-
-def test_same_function_as_pfls_pytorch_module():
-    torch = pytest.importorskip("torch")  # the 'peers' extra (installed on CI)
-    model = simple_cnn((8, 8, 3), 5)
-    p = jax.device_get(model.init(jax.random.key(4)))
-    x = np.asarray(jax.random.uniform(jax.random.key(5), (3, 8, 8, 3)))
-    nn = torch.nn
-    net = nn.Sequential(  # pfl's simple_cnn without its two Dropout layers
-        nn.Conv2d(3, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(2 * 2 * 64, 128), nn.ReLU(), nn.Linear(128, 5),
-    )  # fmt: skip
-    t = lambda a: torch.from_numpy(np.array(a))  # a writable copy
-    with torch.no_grad():
-        for i, conv in enumerate((net[0], net[2])):
-            conv.weight.copy_(t(p[f"Conv_{i}"]["kernel"].transpose(3, 2, 0, 1)))
-            conv.bias.copy_(t(p[f"Conv_{i}"]["bias"]))
-        # flax flattens (h, w, c), torch (c, h, w): permute the first dense layer's rows
-        k = p["Dense_0"]["kernel"].reshape(2, 2, 64, 128).transpose(2, 0, 1, 3).reshape(256, 128)
-        net[6].weight.copy_(t(k.T))
-        net[6].bias.copy_(t(p["Dense_0"]["bias"]))
-        net[8].weight.copy_(t(p["Dense_1"]["kernel"].T))
-        net[8].bias.copy_(t(p["Dense_1"]["bias"]))
-        want = net(t(x.transpose(0, 3, 1, 2))).numpy()
-    np.testing.assert_allclose(model.apply(p, x), want, rtol=1e-4, atol=1e-5)
 
 
 def test_bad_shapes_raise():
