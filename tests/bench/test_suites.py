@@ -252,9 +252,10 @@ def test_baselines_suite_runs_every_system_per_cohort_in_alternating_order(
     # rows stay in system order, each cohort followed by its speedups
     kinds = [r.get("engine", r["label"]) for r in rows]
     per_cohort = ["fedjax_sim", "python-loop", "torch-loop", "pfl"]
-    assert kinds == per_cohort + ["speedups M=2"] + per_cohort + ["speedups M=3"]
+    assert kinds == per_cohort + ["speedups tiny-mlp M=2"] + per_cohort + ["speedups tiny-mlp M=3"]
     pfl = rows[3]
-    assert pfl["label"] == "pfl-research (1 thread) M=2" and pfl["clients"] == 2
+    assert pfl["label"] == "pfl-research (1 thread) tiny-mlp M=2" and pfl["clients"] == 2
+    assert pfl["system"] == "pfl-research (1 thread)"
     assert pfl["round_s"] == [0.1, 0.2, 0.3] and pfl["first_round_s"] == 0.5  # laps[1:]
     assert pfl["peak_memory_bytes"] == 12345 and pfl["torch_threads"] == 1
     w = preset("tiny-mlp")

@@ -235,24 +235,24 @@ def suite_round(s: Session) -> list[dict]:
 System = tuple[str, Workload, str, dict[str, Any]]  # task, workload, label, spec extras
 
 
-def baseline_systems(s: Session, w: Workload, tag: str = "") -> list[System]:
+def baseline_systems(s: Session, w: Workload) -> list[System]:
     """The engine (sharded over `w.devices`, on one device, memory-fitted) and the peers on
     `w`: the per-client jitted loop, the PyTorch loop and pfl-research (each with one torch
     thread and with torch's default, or with `--torch-threads`)."""
-    systems: list[System] = [("engine", w, f"fedjax_sim {w.mode_label}{tag}", {})]
+    systems: list[System] = [("engine", w, f"fedjax_sim {w.mode_label}", {})]
     if w.devices > 1:  # the same engine on one device, side by side
         one = w.replace(devices=1)
-        systems.append(("engine", one, f"fedjax_sim {one.mode_label}{tag}", {}))
+        systems.append(("engine", one, f"fedjax_sim {one.mode_label}", {}))
     fitted = fit(w, s.budget)
     if fitted.mode_label != w.mode_label:
-        systems.append(("engine", fitted, f"fedjax_sim fit: {fitted.mode_label}{tag}", {}))
-    systems.append(("loop", w, f"per-client python loop (jit client update){tag}", {}))
+        systems.append(("engine", fitted, f"fedjax_sim fit: {fitted.mode_label}", {}))
+    systems.append(("loop", w, "per-client python loop (jit client update)", {}))
     # torch with one thread and with its default (all cores): on a loaded machine OpenMP
     # threads that wait on each other can make the multi-threaded loop far slower
     threads = [s.cfg.torch_threads] if s.cfg.torch_threads else [1, None]
     for name, task in (("PyTorch per-client loop", "torch"), ("pfl-research", "pfl")):
         for t in threads:
-            label = f"{name} ({t or 'default'} thread{'s' if t != 1 else ''}){tag}"
+            label = f"{name} ({t or 'default'} thread{'s' if t != 1 else ''})"
             extra: dict[str, Any] = {"torch_threads": t}
             if task == "pfl":
                 extra["pfl_python"] = s.cfg.pfl_python
@@ -264,18 +264,21 @@ def suite_baselines(s: Session) -> list[dict]:
     """Every system of `baseline_systems` at each cohort size (`--baseline-cohorts`, default
     the workload's), each measurement in its own process; the order of the systems is
     reversed at every other cohort so that a drift of the machine's speed during the run
-    does not favour the systems measured first. A `speedups` summary per cohort."""
+    does not favour the systems measured first. A `speedups` summary per cohort. With
+    cohorts, labels end in ` <workload> M=<cohort>` (rows of several workloads and cohorts
+    share one file) and each row names its `system` (the label without that tag)."""
     base = s.main_workload().replace(algorithm="fedavg")
     cohorts = s.cfg.baseline_cohorts or (base.clients,)
     rows: list[dict] = []
     for i, c in enumerate(cohorts):
-        tag = f" M={c}" if s.cfg.baseline_cohorts else ""
-        systems = baseline_systems(s, base.replace(clients=c), tag)
+        tag = f" {base.name} M={c}" if s.cfg.baseline_cohorts else ""
+        systems = baseline_systems(s, base.replace(clients=c))
         order = list(range(len(systems)))[:: -1 if i % 2 else 1]
         measured: dict[int, dict] = {}
         for j in order:
             task, w, label, extra = systems[j]
-            measured[j] = s.measure(task, w, "baselines", label, **extra)
+            measured[j] = s.measure(task, w, "baselines", label + tag, **extra)
+            measured[j]["system"] = label
         cohort_rows = [measured[j] for j in range(len(systems))]
         rows += cohort_rows + [_summary(speedups(cohort_rows, f"speedups{tag}"))]
     return rows
