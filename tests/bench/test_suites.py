@@ -4,7 +4,9 @@ memory-budget skip and the watchdog that kills a measurement over its memory cap
 
 import json
 import os
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -138,6 +140,25 @@ def test_watchdog_kills_a_measurement_over_its_memory_cap():
     spec = {"task": "engine", "workload": Workload().describe(), "suite": "t", "label": "big"}
     row = suites.run_isolated(spec, kill_bytes=40 * 2**20, timeout_s=120)
     assert row["kind"] == "skipped" and "killed by the watchdog: RSS" in row["reason"]
+
+
+def test_watchdog_counts_the_children_of_a_measurement():
+    """A parent holding little memory whose child holds 200 MiB (the pfl worker and pfl)."""
+    child = "b = bytearray(200 * 2**20); import time; time.sleep(60)"
+    code = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 30
+        while suites.tree_rss(proc.pid) < 200 * 2**20 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert suites.tree_rss(proc.pid) >= 200 * 2**20 > suites.rss_of(proc.pid)
+    finally:
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+        for c in children:
+            os.kill(c, 9)
+        proc.kill()
+        proc.wait()
 
 
 def test_estimate_grows_with_cohort_and_chunk():

@@ -105,8 +105,22 @@ def rss_of(pid: int) -> int:
     return 0
 
 
+def tree_rss(pid: int) -> int:
+    """Resident set of a process and all its descendants (the pfl worker runs pfl in a child
+    process of its own), in bytes."""
+    children: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                children += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return rss_of(pid) + sum(tree_rss(c) for c in children)
+
+
 def run_isolated(spec: dict[str, Any], kill_bytes: int, timeout_s: float) -> dict[str, Any]:
-    """Runs `worker.run_spec(spec)` in a child process under an RSS and time watchdog."""
+    """Runs `worker.run_spec(spec)` in a child process under an RSS (of its process tree)
+    and time watchdog."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(fedjax_sim.__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -120,7 +134,7 @@ def run_isolated(spec: dict[str, Any], kill_bytes: int, timeout_s: float) -> dic
             proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
             t0, peak, reason = time.monotonic(), 0, None
             while proc.poll() is None:
-                rss = rss_of(proc.pid)
+                rss = tree_rss(proc.pid)
                 peak = max(peak, rss)
                 if rss > kill_bytes:
                     reason = (
