@@ -25,11 +25,8 @@ from fedjax_sim.app.bench.report import summary_text
 from fedjax_sim.app.bench.results import RESULTS, read_rows
 
 README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
-# figures drawn from the rows by `plots.plot_suite` (path under benchmarks/results -> suite
-# of the plot, files of its rows)
-FIGURES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "peers/baselines.png": ("baselines", ("peers/baselines",)),
-}
+# figures drawn by `plots.plot_suite` from the rows of a table: table -> path under benchmarks/
+FIGURES: dict[str, str] = {"peers": "figures/peers.png"}
 Row = dict[str, Any]
 Column = tuple[str, Callable[[Row], Any]]
 MEASURED = ("round", "measurement")
@@ -473,7 +470,9 @@ def lora_notes(rows: list[Row]) -> list[str]:
 
 TABLES: dict[str, Table] = {
     "round_throughput": Table(BENCH, summary=round_throughput_summary),
-    "baselines": Table(BENCH, summary=baselines_summary),
+    # the baselines suite run once per workload (no --baseline-cohorts) ...
+    "baselines": Table(BENCH, where=lambda r: "cohort_run" not in r, summary=baselines_summary),
+    # ... and over cohorts, with pfl-research (rows with `cohort_run`)
     "peers": Table(
         [
             ("system", lambda r: r.get("system", r["label"])),
@@ -486,7 +485,8 @@ TABLES: dict[str, Table] = {
             ("round time / best engine's", key("vs_best_engine", times)),
             ("peak RSS GiB", key("peak_memory_bytes", gib)),
         ],
-        suites=("peers/baselines",),
+        suites=("baselines",),
+        where=lambda r: "cohort_run" in r,
         pivot=peers_rows,
         summary=peers_summary,
     ),
@@ -806,11 +806,18 @@ def sources(name: str) -> tuple[str, ...]:
     return TABLES[name].suites or (name,)
 
 
+def table_rows(name: str) -> list[Row]:
+    """The rows of the table's suites that it keeps (`where`)."""
+    rows = [r for s in sources(name) for r in read_rows(os.path.join(RESULTS, f"{s}.jsonl"))]
+    where = TABLES[name].where
+    return [r for r in rows if where(r)] if where else rows
+
+
 def table(name: str, rows: list[Row] | None = None) -> str:
     spec = TABLES[name]
     if rows is None:
-        rows = [r for s in sources(name) for r in read_rows(os.path.join(RESULTS, f"{s}.jsonl"))]
-    if spec.where:
+        rows = table_rows(name)
+    elif spec.where:
         rows = [r for r in rows if spec.where(r)]
     measured = [r for r in rows if r["kind"] in MEASURED]
     body = spec.pivot(measured) if spec.pivot else measured
@@ -850,9 +857,8 @@ def main(argv: list[str] | None = None) -> int:
         f.write(new)
     from fedjax_sim.app.bench.plots import plot_suite  # matplotlib: only when writing
 
-    for path, (suite, files) in FIGURES.items():
-        rows = [r for name in files for r in read_rows(os.path.join(RESULTS, f"{name}.jsonl"))]
-        plot_suite(suite, rows, os.path.join(RESULTS, path))
+    for name, path in FIGURES.items():
+        plot_suite(sources(name)[0], table_rows(name), os.path.join(os.path.dirname(README), path))
     return 0
 
 

@@ -597,6 +597,11 @@ def check_bench(cfg: Any) -> str:
                     f"--devices {cfg.devices} exceeds the cohort {clients} (the client axis "
                     "is what is sharded)"
                 )
+    if cfg.pfl_python is not None and not os.path.isfile(cfg.pfl_python):
+        raise UsageError(
+            f"--pfl-python {cfg.pfl_python}: no such file (benchmarks/peers/pfl_venv.sh makes "
+            ".venv-pfl/bin/python)"
+        )
     check_writable_dir(cfg.out)
     return cfg.out
 

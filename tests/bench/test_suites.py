@@ -142,8 +142,9 @@ def test_watchdog_kills_a_measurement_over_its_memory_cap():
     assert row["kind"] == "skipped" and "killed by the watchdog: RSS" in row["reason"]
 
 
-def test_watchdog_counts_the_children_of_a_measurement():
-    """A parent holding little memory whose child holds 200 MiB (the pfl worker and pfl)."""
+def test_watchdog_counts_and_kills_the_children_of_a_measurement():
+    """A parent holding little memory whose child holds 200 MiB (the pfl worker and pfl):
+    counted in the tree's RSS, and killed with it."""
     child = "b = bytearray(200 * 2**20); import time; time.sleep(60)"
     code = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
     proc = subprocess.Popen([sys.executable, "-c", code])
@@ -152,13 +153,16 @@ def test_watchdog_counts_the_children_of_a_measurement():
         while suites.tree_rss(proc.pid) < 200 * 2**20 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert suites.tree_rss(proc.pid) >= 200 * 2**20 > suites.rss_of(proc.pid)
+        (child,) = suites.children_of(proc.pid)
     finally:
-        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
-            children = [int(c) for c in f.read().split()]
-        for c in children:
-            os.kill(c, 9)
-        proc.kill()
+        suites.kill_tree(proc.pid)
         proc.wait()
+    time.sleep(0.5)
+    try:  # gone, or a zombie nobody has reaped yet
+        with open(f"/proc/{child}/stat") as f:
+            assert f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        pass
 
 
 def test_estimate_grows_with_cohort_and_chunk():
@@ -277,6 +281,7 @@ def test_baselines_suite_runs_every_system_per_cohort_in_alternating_order(
     pfl = rows[3]
     assert pfl["label"] == "pfl-research (1 thread) tiny-mlp M=2" and pfl["clients"] == 2
     assert pfl["system"] == "pfl-research (1 thread)"
+    assert [r["cohort_run"] for r in rows] == ["tiny-mlp M=2"] * 5 + ["tiny-mlp M=3"] * 5
     assert pfl["round_s"] == [0.1, 0.2, 0.3] and pfl["first_round_s"] == 0.5  # laps[1:]
     assert pfl["peak_memory_bytes"] == 12345 and pfl["torch_threads"] == 1
     w = preset("tiny-mlp")

@@ -122,7 +122,7 @@ class TorchFedAvg:
         self.model = torch_net(torch, w)
         self.set_params(params)
         # per-client tensors, as a per-client Dataset would hold them
-        x = np.asarray(x, np.float32)
+        x = np.array(x, np.float32)  # a writable copy (torch tensors share its memory)
         if w.model == "simple_cnn":  # [C, N, H * W * C] -> [C, N, C, H, W]
             x = x.reshape(*x.shape[:2], *w.image).transpose(0, 1, 4, 2, 3)
         self.x = [torch.from_numpy(np.ascontiguousarray(xi)) for xi in x]

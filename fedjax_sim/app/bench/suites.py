@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -105,9 +106,8 @@ def rss_of(pid: int) -> int:
     return 0
 
 
-def tree_rss(pid: int) -> int:
-    """Resident set of a process and all its descendants (the pfl worker runs pfl in a child
-    process of its own), in bytes."""
+def children_of(pid: int) -> list[int]:
+    """Child process ids (Linux /proc; none where unavailable)."""
     children: list[int] = []
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
@@ -115,7 +115,23 @@ def tree_rss(pid: int) -> int:
                 children += [int(c) for c in f.read().split()]
     except OSError:
         pass
-    return rss_of(pid) + sum(tree_rss(c) for c in children)
+    return children
+
+
+def tree_rss(pid: int) -> int:
+    """Resident set of a process and all its descendants (the pfl worker runs pfl in a child
+    process of its own), in bytes."""
+    return rss_of(pid) + sum(tree_rss(c) for c in children_of(pid))
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL to a process's descendants, then to it."""
+    for child in children_of(pid):
+        kill_tree(child)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def run_isolated(spec: dict[str, Any], kill_bytes: int, timeout_s: float) -> dict[str, Any]:
@@ -144,7 +160,7 @@ def run_isolated(spec: dict[str, Any], kill_bytes: int, timeout_s: float) -> dic
                 elif time.monotonic() - t0 > timeout_s:
                     reason = f"killed by the watchdog: running longer than {timeout_s:.0f} s"
                 if reason:
-                    proc.kill()
+                    kill_tree(proc.pid)
                     proc.wait()
                     break
                 time.sleep(0.1)
@@ -280,21 +296,26 @@ def suite_baselines(s: Session) -> list[dict]:
     reversed at every other cohort so that a drift of the machine's speed during the run
     does not favour the systems measured first. A `speedups` summary per cohort. With
     cohorts, labels end in ` <workload> M=<cohort>` (rows of several workloads and cohorts
-    share one file) and each row names its `system` (the label without that tag)."""
+    share one file), each row names its `system` (the label without that tag) and every row
+    of the run, summaries included, its `cohort_run` (`<workload> M=<cohort>`)."""
     base = s.main_workload().replace(algorithm="fedavg")
     cohorts = s.cfg.baseline_cohorts or (base.clients,)
     rows: list[dict] = []
     for i, c in enumerate(cohorts):
-        tag = f" {base.name} M={c}" if s.cfg.baseline_cohorts else ""
+        run = f"{base.name} M={c}" if s.cfg.baseline_cohorts else None
+        tag = f" {run}" if run else ""
         systems = baseline_systems(s, base.replace(clients=c))
         order = list(range(len(systems)))[:: -1 if i % 2 else 1]
         measured: dict[int, dict] = {}
         for j in order:
             task, w, label, extra = systems[j]
             measured[j] = s.measure(task, w, "baselines", label + tag, **extra)
-            measured[j]["system"] = label
         cohort_rows = [measured[j] for j in range(len(systems))]
-        rows += cohort_rows + [_summary(speedups(cohort_rows, f"speedups{tag}"))]
+        cohort_rows.append(_summary(speedups(cohort_rows, f"speedups{tag}")))
+        if run:
+            for row, system in zip(cohort_rows, [x[2] for x in systems] + [None], strict=True):
+                row.update(cohort_run=run, **({"system": system} if system else {}))
+        rows += cohort_rows
     return rows
 
 
