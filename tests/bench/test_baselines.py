@@ -7,7 +7,7 @@ compiled `fedavg` step is compared with an independent NumPy implementation of t
 from `baselines.batch_indices`; if they differed from what `fedavg` draws, the updates would
 not agree. pfl-research's FedAvg (its own venv) is compared on a problem with equal client
 sizes (pfl's benchmark weights users equally): ours equals the NumPy reference there always,
-and pfl's update equals both when `.venv-pfl` exists (not on CI, which does not build it).
+and pfl's update equals both when `.venv-pfl` exists (`.ci/run` builds it).
 """
 
 
@@ -169,7 +169,7 @@ def test_equal_sizes_numpy_reference_matches_ours(equal):
 @pytest.mark.skipif(
     baselines.pfl_python() is None,
     reason="pfl-research lives in its own venv (.venv-pfl, benchmarks/peers/pfl_venv.sh), "
-    "which CI does not build",
+    "which .ci/run builds (best effort) and this checkout lacks",
 )
 def test_pfl_fedavg_matches_ours_and_numpy(equal, tmp_path):
     """pfl's FederatedAveraging + SimulatedBackend + PyTorchModel from the same weights, on
