@@ -47,8 +47,7 @@ bias); `experiments/README.md` reports how often that happened.
 R tuners are mapped over runs by the sweep engine's `sweep.map_runs` (one `jax.vmap`, or
 `lax.map` over vmapped groups of `runs_per_group`), and `Tuner.sweep` orders its runs and
 draws their keys and initial models as `sweep` does (`sweep.expand_grid`): run r equals the
-single tuner of its start and seed (bitwise with `runs_per_group=1`, to float round-off in
-vmapped groups).
+single tuner of its start and seed to float32 round-off (`tests/test_tuner.py`).
 """
 
 from __future__ import annotations
