@@ -148,7 +148,7 @@ def variant_model(args, variant: str, base):
 
 
 def make_factory(args, algorithm: str, variant: str, model, partition):
-    """`hp -> Algorithm` (a seeds-only sweep: `hp` is empty)."""
+    """`hp -> Algorithm` (`hp["lr"]`, where given, the client lr)."""
     factory = {"FedAvg": fedavg, "FedProx": fedprox, "FedAdam": fedadam}[algorithm]
     kwargs = dict(
         client_optimizer=args.lr_lora if partition else args.lr_full,
@@ -168,9 +168,9 @@ def make_factory(args, algorithm: str, variant: str, model, partition):
         if variant == "flora":
             kwargs["scale"] = 2.0  # alpha / r = 2 r / r
 
-    def make(hp):
-        del hp
-        return factory(model.loss, **kwargs)
+    def make(hp):  # a seeds-only sweep (hp empty), or `--probe`'s lr grid
+        lr = hp.get("lr", kwargs["client_optimizer"])
+        return factory(model.loss, **{**kwargs, "client_optimizer": lr})
 
     return make
 
@@ -228,7 +228,27 @@ def run_cell(args, algorithm, variant, base, ds):
     return {"seconds": round(time.perf_counter() - t0, 1), "runs": runs}
 
 
-SKIP = ("force", "out_dir", "algorithms", "variants")  # not part of a setting
+SKIP = ("force", "out_dir", "algorithms", "variants", "probe")  # not part of a setting
+PROBE_LRS = {"full": (0.03, 0.1, 0.3), "lora": (0.3, 1.0, 3.0)}
+PROBE_SEED = 99
+
+
+def probe(args, base, ds) -> None:
+    """FedAvg's global perplexity at each client lr of `PROBE_LRS` (full and r8) on seed
+    `PROBE_SEED` (not a reported seed): how the fixed lrs were chosen. Writes `probe.json`."""
+    out = {"config": {k: v for k, v in vars(args).items() if k not in SKIP}, "ppl": {}}
+    for variant, family in (("full", "full"), ("r8", "lora")):
+        model, partition = variant_model(args, variant, base)
+        make = make_factory(args, "FedAvg", variant, model, partition)
+        res = sweep(make, ds.train, seeds=[PROBE_SEED], grid={"lr": list(PROBE_LRS[family])},
+                    model=model, num_rounds=args.rounds, test=ds.test, progress=False,
+                    evaluation=EvalSpec(every=args.rounds))  # fmt: skip
+        ppl = np.exp(res.values("test_loss"))
+        lrs = [str(r.hparams["lr"]) for r in res.runs]
+        out["ppl"][variant] = {lr: float(v) for lr, v in zip(lrs, ppl, strict=True)}
+        print(f"probe {variant}: {out['ppl'][variant]}", flush=True)
+    with open(os.path.join(args.out_dir, "probe.json"), "w") as f:
+        json.dump(out, f, indent=1)
 
 
 def main() -> None:
@@ -244,7 +264,7 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--pretrain-steps", type=int, default=1500)
     p.add_argument("--pretrain-batch", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--cohort", type=int, default=8)
     p.add_argument("--local-steps", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=16)
@@ -256,9 +276,10 @@ def main() -> None:
     p.add_argument("--tag", default="")
     p.add_argument("--out-dir", default=OUT_DIR)
     p.add_argument("--force", action="store_true", help="re-run a complete setting")
+    p.add_argument("--probe", action="store_true", help="only the client-lr probe (seed 99)")
     args = p.parse_args()
     out = os.path.join(args.out_dir, f"shakespeare{args.tag}.json")
-    if os.path.exists(out) and not args.force:
+    if os.path.exists(out) and not args.force and not args.probe:
         print(f"{out} exists: skipped")
         return
     partial = out + ".partial"
@@ -277,6 +298,9 @@ def main() -> None:
     blob["pretrain"] = {**pre, "seconds": round(time.perf_counter() - t0, 1), **stats}
     print(f"pretrained: val ppl {blob['pretrain']['val_ppl']:.2f}; {stats}", flush=True)
     os.makedirs(args.out_dir, exist_ok=True)
+    if args.probe:
+        probe(args, base, ds)
+        return
     todo = cells(ALGORITHMS, VARIANTS)
     for algorithm, variant in cells(args.algorithms, args.variants):
         key = f"{algorithm} {variant}"

@@ -10,7 +10,7 @@ margin is `MARGIN` times full fine-tuning's mean perplexity under that algorithm
 inconclusive (n < 5); CI upper bound <= margin: matches; CI lower bound > margin: worse;
 else inconclusive. The claim holds if under every algorithm a fixed-rank variant (r4, r8,
 r16) matches on the global perplexity with a bytes ratio <= `MAX_BYTES_RATIO`; it fails if
-no LoRA variant matches under any algorithm; otherwise it holds for some algorithms only.
+that happens under no algorithm; otherwise it holds for those algorithms only.
 Without the result file the block says the run is not done (and how to run it).
 """
 
@@ -100,9 +100,9 @@ def verdict(table: list[dict]) -> str:
                and r["global_ppl_verdict"] == "matches" for r in table)
         for a in algorithms
     }  # fmt: skip
-    if algorithms == list(sorted(ALGORITHMS)) and all(ok.values()):
+    if algorithms == sorted(ALGORITHMS) and all(ok.values()):
         return "holds"
-    if not any(r["global_ppl_verdict"] == "matches" for r in table):
+    if not any(ok.values()):
         return "fails"
     return "holds for " + ", ".join(a for a in ALGORITHMS if ok.get(a)) + " only"
 
