@@ -21,8 +21,10 @@ Algorithms: FedAvg, FedProx (mu `--mu`), FedAdam (optax Adam, server lr `--serve
 1e-3); FedAdam + FLoRA is not run: FLoRA merges its products at server learning rate 1, so
 it equals FedAvg + FLoRA (tests/algorithms/test_lora.py). `--rounds` rounds, cohort
 `--cohort` of `--clients` (uniform), `--local-steps` SGD steps of batch `--batch-size` at
-client lr `--lr-full` (full) or `--lr-lora` (adapters); the lrs are fixed in advance (a
-probe on seed 99, not a reported seed).
+client lr `--lr-full` (full) or `--lr-lora` (adapters). Unless given, the lrs come from a
+probe run first (`probe`, also alone with `--probe`): FedAvg on seed 99 (not a reported
+seed), full fine-tuning at (0.03, 0.1, 0.3) and r8 at (0.3, 1, 3); the lowest global
+perplexity of each is used for every algorithm (`results/federated_lora/probe.json`).
 
 Per (algorithm, variant): one `sweep` over `--seeds` (one compiled program; a seed changes
 the adapters' initialisation, cohorts and minibatches, not the data or the base). Measured
@@ -233,10 +235,15 @@ PROBE_LRS = {"full": (0.03, 0.1, 0.3), "lora": (0.3, 1.0, 3.0)}
 PROBE_SEED = 99
 
 
-def probe(args, base, ds) -> None:
+PROBED = ("lr_full", "lr_lora")  # chosen by the probe, not part of its own setting
+
+
+def probe(args, base, ds) -> dict:
     """FedAvg's global perplexity at each client lr of `PROBE_LRS` (full and r8) on seed
-    `PROBE_SEED` (not a reported seed): how the fixed lrs were chosen. Writes `probe.json`."""
-    out = {"config": {k: v for k, v in vars(args).items() if k not in SKIP}, "ppl": {}}
+    `PROBE_SEED` (not a reported seed): how the client lrs are chosen (`chosen_lrs`). Writes
+    and returns `probe.json`'s content."""
+    config = {k: v for k, v in vars(args).items() if k not in (*SKIP, *PROBED)}
+    out = {"config": config, "ppl": {}}
     for variant, family in (("full", "full"), ("r8", "lora")):
         model, partition = variant_model(args, variant, base)
         make = make_factory(args, "FedAvg", variant, model, partition)
@@ -249,6 +256,34 @@ def probe(args, base, ds) -> None:
         print(f"probe {variant}: {out['ppl'][variant]}", flush=True)
     with open(os.path.join(args.out_dir, "probe.json"), "w") as f:
         json.dump(out, f, indent=1)
+    return out
+
+
+def chosen_lrs(probed: dict) -> dict[str, float]:
+    """`{"lr_full", "lr_lora"}`: the probe's lr of lowest perplexity for full fine-tuning
+    and for LoRA (r8)."""
+    best = {v: min(ppl, key=ppl.get) for v, ppl in probed["ppl"].items()}
+    return {"lr_full": float(best["full"]), "lr_lora": float(best["r8"])}
+
+
+def client_lrs(args, base, ds) -> None:
+    """Sets `args.lr_full` / `args.lr_lora` where not given: from `probe.json` of the same
+    setting, or from a probe run now."""
+    if args.lr_full is not None and args.lr_lora is not None:
+        return
+    path = os.path.join(args.out_dir, "probe.json")
+    config = {k: v for k, v in vars(args).items() if k not in (*SKIP, *PROBED)}
+    probed = None
+    if os.path.exists(path):
+        with open(path) as f:
+            probed = json.load(f)
+        if probed["config"] != config:
+            probed = None
+    lrs = chosen_lrs(probed or probe(args, base, ds))
+    for k, v in lrs.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    print(f"client lrs: full {args.lr_full:g}, LoRA {args.lr_lora:g}", flush=True)
 
 
 def main() -> None:
@@ -268,8 +303,8 @@ def main() -> None:
     p.add_argument("--cohort", type=int, default=8)
     p.add_argument("--local-steps", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr-full", type=float, default=0.3)
-    p.add_argument("--lr-lora", type=float, default=0.3)
+    p.add_argument("--lr-full", type=float, help="default: the probe's choice (probe.json)")
+    p.add_argument("--lr-lora", type=float, help="default: the probe's choice (probe.json)")
     p.add_argument("--mu", type=float, default=0.01)
     p.add_argument("--server-lr", type=float, default=0.01)
     p.add_argument("--finetune-steps", type=int, default=5)
@@ -282,6 +317,18 @@ def main() -> None:
     if os.path.exists(out) and not args.force and not args.probe:
         print(f"{out} exists: skipped")
         return
+    t0 = time.perf_counter()
+    (px, py), ds, stats = load(args)
+    plain = transformer((args.context,), VOCAB_SIZE, d_model=args.d_model,
+                        num_layers=args.layers, num_heads=args.heads)  # fmt: skip
+    base, pre = pretrain(args, plain, px, py)  # deterministic: a resumed run gets the same base
+    pre = {**pre, "seconds": round(time.perf_counter() - t0, 1), **stats}
+    print(f"pretrained: val ppl {pre['val_ppl']:.2f}; {stats}", flush=True)
+    os.makedirs(args.out_dir, exist_ok=True)
+    if args.probe:
+        probe(args, base, ds)
+        return
+    client_lrs(args, base, ds)
     partial = out + ".partial"
     config = {k: v for k, v in vars(args).items() if k not in SKIP}
     blob = {"config": config, "cells": {}}
@@ -290,17 +337,7 @@ def main() -> None:
             old = json.load(f)
         if old["config"] == config:
             blob = old
-    t0 = time.perf_counter()
-    (px, py), ds, stats = load(args)
-    plain = transformer((args.context,), VOCAB_SIZE, d_model=args.d_model,
-                        num_layers=args.layers, num_heads=args.heads)  # fmt: skip
-    base, pre = pretrain(args, plain, px, py)  # deterministic: a resumed run gets the same base
-    blob["pretrain"] = {**pre, "seconds": round(time.perf_counter() - t0, 1), **stats}
-    print(f"pretrained: val ppl {blob['pretrain']['val_ppl']:.2f}; {stats}", flush=True)
-    os.makedirs(args.out_dir, exist_ok=True)
-    if args.probe:
-        probe(args, base, ds)
-        return
+    blob["pretrain"] = pre
     todo = cells(ALGORITHMS, VARIANTS)
     for algorithm, variant in cells(args.algorithms, args.variants):
         key = f"{algorithm} {variant}"
