@@ -302,7 +302,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--cohort", type=int, default=8)
     p.add_argument("--local-steps", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--lr-full", type=float, help="default: the probe's choice (probe.json)")
     p.add_argument("--lr-lora", type=float, help="default: the probe's choice (probe.json)")
     p.add_argument("--mu", type=float, default=0.01)
