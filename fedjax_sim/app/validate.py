@@ -426,7 +426,7 @@ def check_lora(cfg: Any) -> None:
 
 def check_lora_rule(cfg: Any) -> None:
     """--lora-rule and --lora-ranks come together, need --lora-rank (the largest rank) and
-    run on FedAvg's local SGD and plain upload (the rule's bytes_up)."""
+    the plain upload (the rule's bytes_up); the preset must take hooks (`config.run_factory`)."""
     rule, ranks = getattr(cfg, "lora_rule", None), getattr(cfg, "lora_ranks", ())
     by = getattr(cfg, "lora_ranks_by", "id")
     if rule is None:
@@ -444,11 +444,6 @@ def check_lora_rule(cfg: Any) -> None:
     if max(ranks) > cfg.lora_rank:
         raise UsageError(
             f"--lora-ranks {max(ranks)} exceeds --lora-rank {cfg.lora_rank} (the adapters' rank)"
-        )
-    if cfg.algorithm != "fedavg":
-        raise UsageError(
-            f"--lora-rule {rule} runs on FedAvg (its paper's local SGD and server step); "
-            f"drop --algorithm {cfg.algorithm}"
         )
     for name in ("secure_aggregation", "dp_clip"):
         if getattr(cfg, name, None):
