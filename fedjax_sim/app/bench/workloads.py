@@ -141,7 +141,6 @@ PRESETS: dict[str, Workload] = {
     "LR": Workload(
         "LR", model="logistic", input_dim=60, per_client=20, batch_size=10, map_batch=256
     ),
-    # tiny workloads for tests and smoke runs
     # pfl-research's CIFAR-10 benchmark: 1,000 users x 50 images, cohort 50, one epoch of
     # batch 10 (5 steps), its 2-conv CNN (`models.simple_cnn`); random data of CIFAR's shape
     "cifar_pfl": Workload(
@@ -155,6 +154,7 @@ PRESETS: dict[str, Workload] = {
         per_client=50,
         map_batch=1,
     ),
+    # tiny workloads for tests and smoke runs
     "tiny-cnn": Workload(
         "tiny-cnn",
         model="simple_cnn",
