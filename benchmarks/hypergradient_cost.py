@@ -2,7 +2,9 @@
 (w.r.t. the client and server learning rates and the initial model) vs the forward value
 only, after T rounds of the default job (`RunConfig()`: FedAvg, digits, MLP 64, 100 clients,
 cohort 10, 10 local steps of batch 16), objective the central test loss, with and without
-rematerialisation (`remat="sqrt"`: chunks of ceil(sqrt(T)) rounds under `jax.checkpoint`).
+rematerialisation (`remat="sqrt"`: chunks of ceil(sqrt(T)) rounds under `jax.checkpoint`);
+and the gradient w.r.t. the two learning rates alone (what the tuner needs) in reverse mode
+and in forward mode (`mode="forward"`: one `jax.jvp` per learning rate, vmapped).
 
 Per configuration: compile seconds, run seconds (median of `--repeats`, after the compiled
 first call), and XLA's buffer assignment of the compiled program (`memory_analysis()`: temp
@@ -35,15 +37,25 @@ from fedjax_sim.run.differentiate import (  # noqa: E402
     remat_length,
 )
 
-VARIANTS = {  # label -> (gradient?, remat)
-    "forward": (False, None),
-    "value_and_grad": (True, None),
-    "value_and_grad remat=sqrt": (True, "sqrt"),
+VARIANTS = {  # label -> (gradient?, remat, differentiable_run keywords)
+    "forward": (False, None, {}),
+    "value_and_grad": (True, None, {}),
+    "value_and_grad remat=sqrt": (True, "sqrt", {}),
+    # the (client lr, server lr) gradient alone: reverse mode vs two vmapped jvps
+    "lr grad reverse": (True, None, {"wrt": "hparams"}),
+    "lr grad reverse remat=sqrt": (True, "sqrt", {"wrt": "hparams"}),
+    # every round under jax.checkpoint: under load (T = 40, CPU seconds) cheaper than storing
+    # the rounds' residuals (3.9x forward vs 5.9x; their zero-filled stacks, writes and reads)
+    "lr grad reverse remat=1": (True, 1, {"wrt": "hparams"}),
+    "value_and_grad remat=1": (True, 1, {}),
+    "lr grad forward": (True, None, {"wrt": "hparams", "mode": "forward"}),
 }
 
 
-def measure(fn, args, repeats: int) -> tuple[float, float, list[float], int | None]:
-    """(compile s, median s, all s, XLA temp bytes) of `jit`ted `fn(*args)`."""
+def measure(fn, args, repeats: int) -> tuple[float, float, list[float], float, int | None]:
+    """(compile s, median s, all s, median process CPU s, XLA temp bytes) of `jit`ted
+    `fn(*args)`. CPU seconds (all threads) count work, not waiting: on a loaded machine
+    their ratios are steadier than the wall-clock ones."""
     t0 = time.perf_counter()
     compiled = fn.lower(*args).compile()
     compile_s = time.perf_counter() - t0
@@ -51,12 +63,13 @@ def measure(fn, args, repeats: int) -> tuple[float, float, list[float], int | No
         temp = int(compiled.memory_analysis().temp_size_in_bytes)
     except Exception:  # a backend without memory analysis
         temp = None
-    times = []
+    times, cpu = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         jax.block_until_ready(compiled(*args))
         times.append(time.perf_counter() - t0)
-    return compile_s, statistics.median(times), times, temp
+        cpu.append(time.process_time() - c0)
+    return compile_s, statistics.median(times), times, statistics.median(cpu), temp
 
 
 def main() -> None:
@@ -80,26 +93,32 @@ def main() -> None:
     hparams = {"client_lr": jnp.float32(cfg.client_lr), "server_lr": jnp.float32(cfg.server_lr)}
     objective = central_loss(model, dataset.test)
     for rounds in args.rounds:
-        forward_s = None
+        forward_s = forward_cpu = None
         for label in args.variants:
-            grad, remat = VARIANTS[label]
-            run = differentiable_run(make_algorithm, objective, num_rounds=rounds, remat=remat)
+            grad, remat, kw = VARIANTS[label]
+            run = differentiable_run(
+                make_algorithm, objective, num_rounds=rounds, remat=remat, **kw
+            )
             fn = run._value_and_grad if grad else run._value
-            compile_s, median, all_s, temp = measure(
+            compile_s, median, all_s, cpu_s, temp = measure(
                 fn, (hparams, params, dataset.train, key), args.repeats
             )
             if not grad:
-                forward_s = median
+                forward_s, forward_cpu = median, cpu_s
             row = {
                 "rounds": rounds,
                 "variant": label + suffix,
                 "gradient": grad,
                 "remat_rounds": remat_length(remat, rounds),
+                "wrt": list(run.wrt) if grad else [],
+                "mode": run.mode if grad else None,
                 "compile_s": compile_s,
                 "run_s": median,
                 "run_s_all": all_s,
                 "s_per_round": median / rounds,
                 "ratio_to_forward": None if forward_s is None else median / forward_s,
+                "cpu_s": cpu_s,
+                "cpu_ratio_to_forward": None if forward_s is None else cpu_s / forward_cpu,
                 "xla_temp_bytes": temp,
                 "client_map": str(client_map),
                 "job": "RunConfig() defaults: fedavg, digits, mlp (64,), 100 clients, cohort "

@@ -7,7 +7,7 @@ configurations, ratios the prose would otherwise restate) and the record line (c
 machine, load, command of the rows). Numbers are rounded here, once; nothing in the tables
 is typed by hand. `tests/bench/test_report.py` fails when the README differs.
 
-    PYTHONPATH=$PWD python benchmarks/report.py          # rewrite the README tables
+    PYTHONPATH=$PWD python benchmarks/report.py          # rewrite the README tables + FIGURES
     PYTHONPATH=$PWD python benchmarks/report.py --check  # exit 1 if they are stale
 """
 
@@ -25,6 +25,8 @@ from fedjax_sim.app.bench.report import summary_text
 from fedjax_sim.app.bench.results import RESULTS, read_rows
 
 README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
+# figures drawn by `plots.plot_suite` from the rows of a table: table -> path under benchmarks/
+FIGURES: dict[str, str] = {"peers": "figures/peers.png"}
 Row = dict[str, Any]
 Column = tuple[str, Callable[[Row], Any]]
 MEASURED = ("round", "measurement")
@@ -195,6 +197,41 @@ def width_of(r: Row) -> str:
 
 def peak_of(part: str) -> Callable[[Row], str]:
     return lambda r: num(r[part].get("peak_flops_per_s", 0) / 1e9 or None)
+
+
+# --- peers: the baselines suite over cohorts, with pfl-research -------------------------
+SYSTEM_ORDER = ("fedjax_sim", "python-loop", "torch-loop", "pfl")
+
+
+def peers_rows(rows: list[Row]) -> list[Row]:
+    """Rows by workload, cohort, then system (engine first); `vs_best_engine`: this row's
+    median over the best engine row's of the same workload and cohort (> 1: the engine is
+    faster)."""
+    out = []
+    for r in rows:
+        same = [
+            o
+            for o in rows
+            if o["engine"] == "fedjax_sim"
+            and o["clients"] == r["clients"]
+            and o["workload"]["name"] == r["workload"]["name"]
+        ]
+        best = min((o["round_s_median"] for o in same), default=None)
+        out.append({**r, "vs_best_engine": ratio(r["round_s_median"], best)})
+    order = {name: i for i, name in enumerate(dict.fromkeys(r["workload"]["name"] for r in rows))}
+    return sorted(
+        out,
+        key=lambda r: (
+            order[r["workload"]["name"]],
+            r["clients"],
+            SYSTEM_ORDER.index(r["engine"]),
+        ),
+    )
+
+
+def peers_summary(s: Row, rows: list[Row]) -> str:
+    vs = "; ".join(f"**{times(x)}** {name}" for name, x in s.get("speedup_vs", {}).items())
+    return f"best engine row {s.get('best', '–')} (medians) vs: {vs or 'nothing measured'}"
 
 
 # --- benchmarks/*.py suites --------------------------------------------------------------
@@ -433,7 +470,26 @@ def lora_notes(rows: list[Row]) -> list[str]:
 
 TABLES: dict[str, Table] = {
     "round_throughput": Table(BENCH, summary=round_throughput_summary),
-    "baselines": Table(BENCH, summary=baselines_summary),
+    # the baselines suite run once per workload (no --baseline-cohorts) ...
+    "baselines": Table(BENCH, where=lambda r: "cohort_run" not in r, summary=baselines_summary),
+    # ... and over cohorts, with pfl-research (rows with `cohort_run`)
+    "peers": Table(
+        [
+            ("system", lambda r: r.get("system", r["label"])),
+            ("workload", lambda r: r["workload"]["name"]),
+            ("M", key("clients")),
+            ("s/round median", key("round_s_median")),
+            ("min", key("round_s_min")),
+            ("client-steps/s", key("client_steps_per_s")),
+            ("model FLOPs / matmul peak", key("model_flops_ratio", pct)),
+            ("round time / best engine's", key("vs_best_engine", times)),
+            ("peak RSS GiB", key("peak_memory_bytes", gib)),
+        ],
+        suites=("baselines",),
+        where=lambda r: "cohort_run" in r,
+        pivot=peers_rows,
+        summary=peers_summary,
+    ),
     "modes": Table(BENCH, summary=modes_summary),
     "cohort": Table(BENCH, summary=cohort_summary, notes=cohort_notes),
     "steps_width": Table(
@@ -750,11 +806,18 @@ def sources(name: str) -> tuple[str, ...]:
     return TABLES[name].suites or (name,)
 
 
+def table_rows(name: str) -> list[Row]:
+    """The rows of the table's suites that it keeps (`where`)."""
+    rows = [r for s in sources(name) for r in read_rows(os.path.join(RESULTS, f"{s}.jsonl"))]
+    where = TABLES[name].where
+    return [r for r in rows if where(r)] if where else rows
+
+
 def table(name: str, rows: list[Row] | None = None) -> str:
     spec = TABLES[name]
     if rows is None:
-        rows = [r for s in sources(name) for r in read_rows(os.path.join(RESULTS, f"{s}.jsonl"))]
-    if spec.where:
+        rows = table_rows(name)
+    elif spec.where:
         rows = [r for r in rows if spec.where(r)]
     measured = [r for r in rows if r["kind"] in MEASURED]
     body = spec.pivot(measured) if spec.pivot else measured
@@ -792,6 +855,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(new != text)
     with open(README, "w") as f:
         f.write(new)
+    from fedjax_sim.app.bench.plots import plot_suite  # matplotlib: only when writing
+
+    for name, path in FIGURES.items():
+        plot_suite(sources(name)[0], table_rows(name), os.path.join(os.path.dirname(README), path))
     return 0
 
 

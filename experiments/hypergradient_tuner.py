@@ -12,12 +12,15 @@ Dirichlet(alpha) label skew with alpha in {0.1, 1.0}, cohort 10 uniform, 10 loca
 of batch 16, an MLP 64, `--rounds` (100) rounds, server lr 1 for the grid; FedAvg and
 FedProx (mu = 0.01). The central held-out set is split in two: validation (even rows: the
 grid's selection and the tuner's objective) and test (odd rows: reported). Grid: client lr
-in {0.01, 0.03, 0.1, 0.3, 1, 3} x seeds 0-4, all 30 runs stacked on a runs axis in one
+in {0.01, 0.03, 0.1, 0.3, 1, 3} x 5 seeds, all 30 runs stacked on a runs axis in one
 compiled program (`jax.vmap` of `differentiate.final_state`, as the sweep engine stacks
 runs). Best point: the highest mean validation accuracy. Tuners: client lr best / 10 and
-best x 10, server lr 1, x seeds 0-4, in one vmap of the tuner (`--step-size` 0.1, `--window`
-1 round by default; the default divergence safeguard of `TunerSpec`). Seed s: run key
-`jax.random.key(s)` (cohorts, minibatches, initial model) for grid runs and tuners alike.
+best x 10, server lr 1, x the same 5 seeds, through the sweep engine (`Tuner.sweep`;
+`--step-size` 0.1, `--window` 1 round, `--tolerance` of the accept / reject rule 0.01 by
+default, `TunerSpec`'s). Seeds: `--first-seed` f gives seeds f..f+4; seed s is run key
+`jax.random.key(s)` (cohorts, minibatches, initial model) for grid runs and tuners alike
+(the Dirichlet partition is seed 0 in every run). The tuner's settings (window 10, step
+0.3, tolerance 0.01) were chosen on seeds 0-4; a confirming run uses `--first-seed 5`.
 
 Client-steps: local SGD steps executed by clients (rounds x cohort x local steps per run);
 the tuner's also counted with its backward pass through the rounds as 2 more
@@ -26,7 +29,13 @@ forward-equivalents (x 3), the usual cost of reverse mode.
     PYTHONPATH=. nice -n 10 python experiments/hypergradient_tuner.py --alpha 0.1 1.0
     PYTHONPATH=. nice -n 10 python experiments/hypergradient_tuner.py --window 10 \
         --step-size 0.3 --dataset fashion_mnist --algorithms fedavg
-Writes experiments/results/hypergradient/<dataset>_dir<alpha>_<algorithm>[_w<window>].json.
+    # the confirming run of the fixed tuner, on seeds 5-9:
+    PYTHONPATH=. nice -n 10 python experiments/hypergradient_tuner.py --window 10 \
+        --step-size 0.3 --first-seed 5 --dataset digits
+Writes experiments/results/hypergradient/<dataset>_dir<alpha>_<algorithm>[_w<window>]
+_tol<tolerance>[_s<first seed>].json (`_w` unless window 1, `_s` unless first seed 0; the
+files without a `_tol` tag were written before the accept / reject rule, with the earlier
+safeguard, `tolerance=9`).
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ from fedjax_sim.run.simulate import evaluate_central
 from fedjax_sim.run.tuner import TunerSpec, hypergradient_tuner
 
 GRID = [0.01, 0.03, 0.1, 0.3, 1.0, 3.0]
-SEEDS = [0, 1, 2, 3, 4]
+NUM_SEEDS = 5
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "hypergradient")
 
 
@@ -70,7 +79,10 @@ def factory(name, model, local, cohort):
     return make
 
 
-def one(dataset: str, alpha: float, algorithm: str, rounds: int, spec: TunerSpec) -> dict:
+def one(
+    dataset: str, alpha: float, algorithm: str, rounds: int, spec: TunerSpec, first_seed: int
+) -> dict:
+    seeds = list(range(first_seed, first_seed + NUM_SEEDS))
     ds = data.load(dataset, num_clients=100, partitioner="dirichlet", alpha=alpha, seed=0)
     model = mlp(ds.feature_shape, ds.num_classes, hidden=(64,))
     local, cohort = LocalSpec(steps=10, batch_size=16), CohortSpec(size=10)
@@ -98,10 +110,10 @@ def one(dataset: str, alpha: float, algorithm: str, rounds: int, spec: TunerSpec
         return jax.vmap(run)(lrs, seeds)
 
     t0 = time.perf_counter()
-    lrs = jnp.asarray(np.repeat(GRID, len(SEEDS)), jnp.float32)
-    seeds = jnp.asarray(np.tile(SEEDS, len(GRID)), jnp.uint32)
+    lrs = jnp.asarray(np.repeat(GRID, len(seeds)), jnp.float32)
+    run_seeds = jnp.asarray(np.tile(seeds, len(GRID)), jnp.uint32)
     val_acc, test_acc = (
-        np.asarray(a).reshape(len(GRID), len(SEEDS)) for a in grid_runs(lrs, seeds)
+        np.asarray(a).reshape(len(GRID), len(seeds)) for a in grid_runs(lrs, run_seeds)
     )
     grid_s = time.perf_counter() - t0
     best = int(np.argmax(val_acc.mean(axis=1)))
@@ -111,32 +123,30 @@ def one(dataset: str, alpha: float, algorithm: str, rounds: int, spec: TunerSpec
 
     tuner = hypergradient_tuner(make, central_loss(model, val), num_rounds=rounds, spec=spec)
     starts = [best_lr / 10, best_lr * 10]
-    start_lr = jnp.asarray(np.repeat(starts, len(SEEDS)), jnp.float32)
-    keys = jax.vmap(jax.random.key)(jnp.asarray(np.tile(SEEDS, len(starts)), jnp.uint32))
-
-    @jax.jit
-    def tuned(start_lr, keys):
-        params = jax.vmap(lambda k: initial_params(model, k))(keys)
-        hp = {"client_lr": start_lr, "server_lr": jnp.ones_like(start_lr)}
-        result = jax.vmap(tuner._run, in_axes=(0, 0, None, 0))(hp, params, ds.train, keys)
-        return result.trace, jax.vmap(evaluate)(result.state.params)
-
     t0 = time.perf_counter()
-    trace, (t_val, t_test) = tuned(start_lr, keys)
+    # starts x seeds (seeds innermost), run key and initial model per seed as the grid's
+    runs, tuned = tuner.sweep(
+        {"client_lr": starts, "server_lr": [1.0]}, ds.train, seeds=seeds, model=model
+    )
+    assert [(r.hparams["client_lr"], r.seed) for r in runs] == [
+        (s, seed) for s in starts for seed in seeds
+    ]
+    trace = tuned.trace
+    t_val, t_test = jax.jit(jax.vmap(evaluate))(tuned.state.params)
     tuner_s = time.perf_counter() - t0
-    t_test = np.asarray(t_test).reshape(len(starts), len(SEEDS))
-    t_val = np.asarray(t_val).reshape(len(starts), len(SEEDS))
-    client_lr = np.asarray(trace["hparams"]["client_lr"]).reshape(len(starts), len(SEEDS), -1)
-    server_lr = np.asarray(trace["hparams"]["server_lr"]).reshape(len(starts), len(SEEDS), -1)
-    grid_steps = len(GRID) * len(SEEDS) * steps_per_run
-    tuner_steps = len(SEEDS) * steps_per_run
+    t_test = np.asarray(t_test).reshape(len(starts), len(seeds))
+    t_val = np.asarray(t_val).reshape(len(starts), len(seeds))
+    client_lr = np.asarray(trace["hparams"]["client_lr"]).reshape(len(starts), len(seeds), -1)
+    server_lr = np.asarray(trace["hparams"]["server_lr"]).reshape(len(starts), len(seeds), -1)
+    grid_steps = len(GRID) * len(seeds) * steps_per_run
+    tuner_steps = len(seeds) * steps_per_run
     result = {
         "dataset": dataset,
         "alpha": alpha,
         "algorithm": algorithm,
         "rounds": rounds,
         "grid": GRID,
-        "seeds": SEEDS,
+        "seeds": seeds,
         "grid_val_accuracy": val_acc.tolist(),
         "grid_test_accuracy": test_acc.tolist(),
         "best_lr": best_lr,
@@ -144,8 +154,8 @@ def one(dataset: str, alpha: float, algorithm: str, rounds: int, spec: TunerSpec
         "grid_seconds": grid_s,
         "tuner_starts": starts,
         "tuner_spec": dataclasses.asdict(spec),
-        "tuner_diverged_windows": np.asarray(trace["diverged"])
-        .reshape(len(starts), len(SEEDS), -1)
+        "tuner_rejected_windows": np.asarray(trace["rejected"])
+        .reshape(len(starts), len(seeds), -1)
         .sum(-1)
         .tolist(),
         "tuner_val_accuracy": t_val.tolist(),
@@ -176,13 +186,22 @@ def main() -> None:
     p.add_argument("--out", default=OUT)
     p.add_argument("--window", type=int, default=1, help="rounds per hypergradient")
     p.add_argument("--step-size", type=float, default=0.1, help="Adam step on log lr")
+    p.add_argument(
+        "--tolerance", type=float, default=TunerSpec.tolerance,
+        help="accept / reject rule: reject a window whose validation loss rises by more",
+    )  # fmt: skip
+    p.add_argument("--first-seed", type=int, default=0, help="seeds first..first+4")
     args = p.parse_args()
+    if args.first_seed < 0:
+        p.error(f"--first-seed must be >= 0, got {args.first_seed}")
     os.makedirs(args.out, exist_ok=True)
     for alpha in args.alpha:
         for algorithm in args.algorithms:
-            spec = TunerSpec(step_size=args.step_size, window=args.window)
-            result = one(args.dataset, alpha, algorithm, args.rounds, spec)
+            spec = TunerSpec(step_size=args.step_size, window=args.window, tolerance=args.tolerance)
+            result = one(args.dataset, alpha, algorithm, args.rounds, spec, args.first_seed)
             tag = "" if args.window == 1 else f"_w{args.window}"
+            tag += f"_tol{args.tolerance:g}"
+            tag += "" if args.first_seed == 0 else f"_s{args.first_seed}"
             name = f"{args.dataset}_dir{alpha:g}_{algorithm}{tag}.json"
             path = os.path.join(args.out, name)
             with open(path, "w") as f:

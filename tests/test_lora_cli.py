@@ -1,13 +1,14 @@
 """Federated LoRA from the command line (issue 39): `--pretrained` (a user's checkpoint as the
 run's initial model, bit for bit, and its refusals), `--lora-rule hetlora|flora` with
-`--lora-ranks` (the CLI run equals the run built from the hooks; bad values refused up
-front), and `bytes_up` of heterogeneous ranks: each client's true rank, derived here from
-the shapes."""
+`--lora-ranks` on FedAvg, FedProx and FedAdam (the CLI run equals the run built from the
+hooks; bad values refused up front), and `bytes_up` of heterogeneous ranks: each client's
+true rank, derived here from the shapes."""
 
 import json
 
 import jax
 import numpy as np
+import optax
 import pytest
 
 from fedjax_sim import data
@@ -20,6 +21,7 @@ from fedjax_sim.algorithms.device_model import (
     ProceduralProfiles,
     constant,
 )
+from fedjax_sim.algorithms.hooks import proximal
 from fedjax_sim.algorithms.local_hook import chain
 from fedjax_sim.algorithms.lora import device_class_ranks, flora, hetlora, lora_partition
 from fedjax_sim.app import validate
@@ -123,34 +125,49 @@ def test_pretrained_refusals(checkpoint, tmp_path, monkeypatch, capsys):
 RANKS = (1, 2)  # clients 0, 2: rank 1; clients 1, 3: rank 2
 
 
-def _api_run(rule, rank, alpha, train, test):
-    """The run built directly from the hooks, the CLI's defaults spelled out."""
+MU, SERVER_LR = 0.3, 0.05  # --mu of fedprox, --server-lr of fedadam
+
+
+def _api_run(rule, rank, alpha, train, test, algorithm="fedavg"):
+    """The run built directly from the hooks (the rule's first, then FedProx's proximal term)
+    and the server optimizer (FedAdam's optax Adam), the CLI's defaults spelled out."""
     model = transformer(train.x.shape[2:], int(np.max(train.y)) + 1, lora_rank=rank,
                         lora_alpha=alpha, lora_targets=("query", "value"))  # fmt: skip
     ranks = np.asarray(RANKS)[np.arange(C) % len(RANKS)]
-    hook = hetlora(ranks) if rule == "hetlora" else flora(ranks, lora_scale(rank, alpha))
+    hooks = [hetlora(ranks) if rule == "hetlora" else flora(ranks, lora_scale(rank, alpha))]
+    if algorithm == "fedprox":
+        hooks.append(proximal(MU))
+    server = optax.adam(SERVER_LR, b1=0.9, b2=0.99, eps=1e-3) if algorithm == "fedadam" else 1.0
     work = ClientWork(
         model.loss,
         client_optimizer=0.1,
         local=LocalSpec(steps=STEPS, batch_size=BATCH),
-        hook=chain(hook),
-        stragglers=Stragglers(policy="drop"),
+        hook=chain(*hooks),
+        stragglers=Stragglers(policy="partial" if algorithm == "fedprox" else "drop"),
         partition=lora_partition(),
     )
-    alg = compose(work, num_clients=C, cohort=CohortSpec(size=M), client_map=ClientMap("vmap"))
+    alg = compose(work, num_clients=C, cohort=CohortSpec(size=M), client_map=ClientMap("vmap"),
+                  server_optimizer=server)  # fmt: skip
     return simulate(alg, train, jax.random.key(0), model=model, num_rounds=ROUNDS, test=test,
                     evaluation=EvalSpec(every=ROUNDS), progress=False,
                     client_map=ClientMap("vmap"))  # fmt: skip
 
 
-@pytest.mark.parametrize("rule", ["hetlora", "flora"])
-def test_cli_rule_equals_the_hooks(rule, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "rule, algorithm", [("hetlora", "fedavg"), ("flora", "fedavg"), ("hetlora", "fedprox"),
+                        ("hetlora", "fedadam")]
+)  # fmt: skip
+def test_cli_rule_equals_the_hooks(rule, algorithm, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = [*RUN, "--lora-rank", "4", "--lora-alpha", "8", "--lora-targets", "query", "value"]
     args += ["--lora-rule", rule, "--lora-ranks", *map(str, RANKS), "--out", "out"]
+    args += ["--algorithm", algorithm]
+    args += {"fedprox": ["--mu", str(MU)], "fedadam": ["--server-lr", str(SERVER_LR)]}.get(
+        algorithm, []
+    )
     assert main(args) == 0
     cli = json.loads((tmp_path / "out" / "history.json").read_text())["metrics"]
-    api = _api_run(rule, 4, 8.0, *_task())
+    api = _api_run(rule, 4, 8.0, *_task(), algorithm=algorithm)
     for name, values in api.metrics.items():
         np.testing.assert_array_equal(cli[name], np.asarray(values), err_msg=name)
     assert {"bytes_up", f"{rule}_rank" if rule == "hetlora" else "flora_merged_norm"} <= set(cli)
@@ -164,8 +181,8 @@ def test_cli_rule_equals_the_hooks(rule, tmp_path, monkeypatch):
         (["--lora-rule", "flora"], ["needs --lora-ranks"]),
         (["--lora-ranks", "1", "2"], ["--lora-ranks needs --lora-rule"]),
         (
-            ["--lora-rule", "hetlora", "--lora-ranks", "1", "--algorithm", "fedprox"],
-            ["drop --algorithm fedprox"],
+            ["--lora-rule", "hetlora", "--lora-ranks", "1", "--algorithm", "fedbuff"],
+            ["--lora-rule hetlora: fedbuff takes no hooks", "synchronous preset"],
         ),
         (["--lora-rule", "hetlora", "--lora-ranks", "1", "--dp-clip", "1"], ["--dp-clip"]),
         (["--lora-rule", "bogus", "--lora-ranks", "1"], ["--lora-rule"]),

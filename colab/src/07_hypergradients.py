@@ -88,11 +88,12 @@ print("|d loss / d x_0| (the initial model):",
 # once for every value (the learning rate is an input, not a constant). The tuner takes an
 # Adam step on the log of the (client, server) learning rates every `WINDOW` rounds, along the
 # hypergradient of the validation loss through the last `WINDOW` rounds; two tuners, one 10x
-# too small and one 10x too large, run at once (`tuner.many`, one vmap). A one-round window
-# is biased toward small learning rates (the short-horizon bias): see
-# `experiments/README.md`, where a 10-round window gets within 1 point of the grid's best
-# from a 10x too small start, and a 10x too large one kills the network before the tuner
-# can act.
+# too small and one 10x too large, run at once (`tuner.sweep`: starts x seeds through the
+# sweep engine). A window whose validation loss rises by more than 1 % over its start is
+# undone and the learning rates halved (`TunerSpec.tolerance`, a "bold driver" rule): a
+# 10x too large learning rate can kill the ReLU network within one window. A one-round
+# window is biased toward small learning rates (the short-horizon bias): see
+# `experiments/README.md`.
 
 # %%
 def make(hp):
@@ -113,14 +114,16 @@ for lr in GRID:
 
 tuner = hypergradient_tuner(make, central_loss(model, val), num_rounds=NUM_ROUNDS,
                             spec=TunerSpec(step_size=0.3, window=WINDOW))
-starts = jnp.array([GOOD_LR / 10, GOOD_LR * 10])
-result = tuner.many({"client_lr": starts, "server_lr": jnp.ones(2)}, params, ds.train,
-                    jax.vmap(jax.random.key)(jnp.zeros(2, jnp.int32)))
+starts = [GOOD_LR / 10, GOOD_LR * 10]
+# seed 0: run key jax.random.key(0) and the initial model `params` above, as the grid's
+runs, result = tuner.sweep({"client_lr": starts, "server_lr": [1.0]}, ds.train, seeds=[0],
+                           model=model)
 for r, start in enumerate(starts):
     final = jax.tree.map(lambda a, r=r: a[r], result.state.params)
-    print(f"tuner from client_lr={float(start):g}: test accuracy {accuracy(final):.4f}, "
+    print(f"tuner from client_lr={start:g}: test accuracy {accuracy(final):.4f}, "
           f"final client_lr {float(result.hparams['client_lr'][r]):.3g}, "
-          f"server_lr {float(result.hparams['server_lr'][r]):.3g}")
+          f"server_lr {float(result.hparams['server_lr'][r]):.3g}, "
+          f"windows rejected {int(result.trace['rejected'][r].sum())}")
 best = max(grid_acc, key=grid_acc.get)
 print(f"best grid point: client_lr={best:g} ({grid_acc[best]:.4f}); the grid ran "
       f"{len(GRID)} runs, the tuners one each (plus one backward pass per round)")
@@ -132,7 +135,7 @@ axes[0].axhline(0, color="gray", lw=0.5)
 axes[0].set(title="d validation loss / d lr_t", xlabel="round t")
 effective = result.trace["hparams"]["client_lr"] * result.trace["hparams"]["server_lr"]
 for r, start in enumerate(starts):
-    axes[1].plot(effective[r], label=f"tuner from {float(start):g}")
+    axes[1].plot(effective[r], label=f"tuner from {start:g}")
 for lr in GRID:
     axes[1].axhline(lr, color="gray", lw=0.5, ls=":")
 axes[1].set(yscale="log", title="client lr x server lr (grid dotted)",

@@ -454,7 +454,10 @@ def compose(
 @dataclasses.dataclass(frozen=True)
 class Options:
     """The parts every synchronous preset accepts besides its own hyper-parameters (see
-    `compose` and `ClientWork`; presets may change the defaults)."""
+    `compose` and `ClientWork`; presets may change the defaults). `hooks`: local-step hooks
+    chained ahead of the preset's own (they see the loss's gradient and the client's own
+    update first, and their `finalize` wraps the preset's; e.g. a LoRA rank rule,
+    `lora.with_rule`)."""
 
     client_optimizer: ClientOptimizer = 0.1
     server_optimizer: ServerOptimizer = 1.0
@@ -470,6 +473,7 @@ class Options:
     attack: Any = None
     partition: Partition | None = None
     device_model: DeviceModel | None = None
+    hooks: tuple[LocalHook, ...] = ()
 
 
 def preset(
@@ -535,10 +539,12 @@ def option_names(factory: Callable[..., Algorithm]) -> tuple[str, ...]:
 def synchronous(
     loss_fn: LossFn, options: Options, *hooks: LocalHook, work: type[ClientWork] = ClientWork
 ) -> Algorithm:
-    """`compose` of the chained `hooks` with the `options` of a preset (an `attack` is the
-    `attacks.byzantine` hook last in the chain, or ALIE's `attacks.colluding` aggregator
-    around the preset's); `work`: the client work's class (IFCA's `ClusteredWork`)."""
+    """`compose` of the chained `options.hooks` and `hooks` with the `options` of a preset
+    (an `attack` is the `attacks.byzantine` hook last in the chain, or ALIE's
+    `attacks.colluding` aggregator around the preset's); `work`: the client work's class
+    (IFCA's `ClusteredWork`)."""
     o = options
+    hooks = (*o.hooks, *hooks)
     aggregator = o.aggregator
     if o.attack is not None and o.attack.cohort_level:
         aggregator = colluding(o.attack, aggregator)

@@ -54,21 +54,26 @@ counted (the server reads it from the shapes it receives). This is the plain upl
 aggregator's own wire format (compression, secure aggregation, whose masked vectors must all
 have one length, the padded one) replaces it.
 
-Presets (the CLI's `--lora-rule hetlora|flora --lora-ranks ...`): `hetlora_fedavg` and
-`flora_fedavg` are FedAvg (both papers' local SGD and server step) with the rule's hook;
-`client_ranks` gives client i the rank `ranks[i mod len(ranks)]`.
+Any synchronous preset with a rule (the CLI's `--algorithm NAME --lora-rule hetlora|flora
+--lora-ranks ...`): `with_rule(preset, rule)` chains the rule's hook first, ahead of the
+preset's own (`Options.hooks`), e.g. `with_rule(fedprox, "hetlora")`,
+`with_rule(fedadam, "hetlora")`; `hetlora_fedavg` and `flora_fedavg` are FedAvg (both
+papers' local SGD and server step) with the rule. `client_ranks` gives client i the rank
+`ranks[i mod len(ranks)]`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sim.algorithms.compose import Options, preset, synchronous
-from fedjax_sim.algorithms.core import Algorithm, LossFn, Params, Stragglers
+from fedjax_sim.algorithms.core import Algorithm, LossFn, Params
+from fedjax_sim.algorithms.fedavg import fedavg
 from fedjax_sim.algorithms.local_hook import HookContext, LocalHook, LocalOutcome, RoundSummary
 from fedjax_sim.algorithms.partition import Partition, by_path, path_name
 from fedjax_sim.core.checks import non_negative
@@ -341,34 +346,52 @@ def device_class_ranks(ranks: Sequence[int], speeds: np.ndarray) -> np.ndarray:
     return np.sort(np.asarray(ranks, np.int32))[rank_class]
 
 
-@preset(stragglers=Stragglers(policy="drop"))
-def hetlora_fedavg(
-    loss_fn: LossFn,
-    *,
-    ranks: Sequence[int] | None = None,
-    prune_lam: float = 0.0,
-    decay: float = 0.99,
-    options: Options,
-) -> Algorithm:
-    """FedAvg with HetLoRA's aggregation (`hetlora`: ranks `[C]`, `prune_lam`, `decay`);
-    the CLI's `--lora-rule hetlora`."""
-    return synchronous(loss_fn, options, hetlora(ranks, prune_lam=prune_lam, decay=decay))
+RULES = {"hetlora": hetlora, "flora": flora}  # the CLI's `--lora-rule`
 
 
-@preset(stragglers=Stragglers(policy="drop"))
-def flora_fedavg(
-    loss_fn: LossFn,
-    *,
-    ranks: Sequence[int] | None = None,
-    scale: float = 1.0,
-    options: Options,
-) -> Algorithm:
-    """FedAvg with FLoRA's stacking (`flora`: ranks `[C]`, `scale` = alpha / r); the CLI's
-    `--lora-rule flora`."""
-    return synchronous(loss_fn, options, flora(ranks, scale))
+def with_rule(factory: Callable[..., Algorithm], rule: str) -> Callable[..., Algorithm]:
+    """`factory` (a synchronous preset: one that takes `hooks`) with the heterogeneous-rank
+    rule `rule` (`"hetlora"` | `"flora"`, `RULES`) first in its chain of hooks: a factory
+    taking the preset's arguments and the rule's (`ranks [C]`; HetLoRA's `prune_lam`,
+    `decay`; FLoRA's `scale`). First in the chain, the rule sees the loss's gradient and the
+    client's own update, and its `finalize` wraps the preset's hooks and server optimizer:
+    FedProx's proximal term acts on the rank-masked direction (the ranks above r_i keep
+    x_t), FedAdam's Adam steps on HetLoRA's sparsity-weighted mean. FLoRA resets the
+    adapters after merging, so a server optimizer's step on them (and any later hook's move
+    of the model) is discarded: FLoRA's products enter the base at server learning rate 1,
+    with any preset (its paper's step; the server optimizer's state still updates)."""
+    if rule not in RULES:
+        raise ValueError(f"unknown LoRA rule {rule!r}; choose {' or '.join(RULES)}")
+    name = getattr(factory, "__name__", None) or getattr(factory.func, "__name__", "factory")
+    params = inspect.signature(factory).parameters
+    if "hooks" not in params:
+        raise ValueError(
+            f"{name} takes no hooks (asynchronous, or its chain is fixed): the LoRA rule "
+            f"{rule} needs a synchronous preset"
+        )
+    own = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        for p in inspect.signature(RULES[rule]).parameters.values()
+    ]
+    clash = sorted({p.name for p in own} & set(params))
+    if clash:
+        raise ValueError(f"{name} has its own {clash}: it cannot take the rule {rule}")
+    rule_names = {p.name for p in own}
+
+    def combined(loss_fn: LossFn, **kwargs: Any) -> Algorithm:
+        hook = RULES[rule](**{k: kwargs.pop(k) for k in rule_names & set(kwargs)})
+        return factory(loss_fn, hooks=(hook, *kwargs.pop("hooks", ())), **kwargs)
+
+    combined.__name__ = combined.__qualname__ = f"{name}_{rule}"
+    combined.__doc__ = f"{name} with the LoRA rule {rule} (`lora.with_rule`)."
+    signature = inspect.signature(factory)
+    combined.__signature__ = signature.replace(parameters=[*params.values(), *own])
+    combined.defaults = getattr(factory, "defaults", None) or factory.func.defaults
+    return combined
 
 
-LORA_RULES = {"hetlora": hetlora_fedavg, "flora": flora_fedavg}  # `--lora-rule` presets
+hetlora_fedavg = with_rule(fedavg, "hetlora")  # FedAvg with HetLoRA (both papers' FedAvg)
+flora_fedavg = with_rule(fedavg, "flora")  # FedAvg with FLoRA's stacking
 
 
 def path_key(path: tuple) -> str:
@@ -389,7 +412,7 @@ def stacked_product(a: Sequence[np.ndarray], b: Sequence[np.ndarray], weights) -
 
 
 __all__ = [
-    "LORA_RULES",
+    "RULES",
     "client_ranks",
     "device_class_ranks",
     "flora",
@@ -403,4 +426,5 @@ __all__ = [
     "stacked_product",
     "tail_norm",
     "truncate",
+    "with_rule",
 ]

@@ -64,11 +64,11 @@ class RunConfig:
     lora_targets: tuple[str, ...] = ()
     """Projections that get adapters (query, key, value, out, mlp_in, mlp_out; default: all)."""
     lora_rule: Literal["hetlora", "flora"] | None = None
-    """Heterogeneous LoRA ranks (with --lora-ranks; --algorithm fedavg): client i trains the
-    first --lora-ranks[i mod n] ranks of the rank --lora-rank adapters; the server aggregates
-    with HetLoRA (zero-padding, sparsity weights; --hparams prune_lam=, decay= for rank
-    self-pruning) or FLoRA (stacking, merged into the frozen base). bytes_up counts each
-    client's true rank."""
+    """Heterogeneous LoRA ranks (with --lora-ranks; any synchronous --algorithm: the rule's hook
+    first in its chain, `lora.with_rule`): client i trains the first --lora-ranks[i mod n] ranks
+    of the rank --lora-rank adapters; the server aggregates with HetLoRA (zero-padding, sparsity
+    weights; --hparams prune_lam=, decay= for rank self-pruning) or FLoRA (stacking, merged into
+    the frozen base). bytes_up counts each client's true rank."""
     lora_ranks: tuple[int, ...] = ()
     """The ranks of --lora-rule, each <= --lora-rank, assigned to clients by id modulo their
     number (e.g. 2 4 8: clients 0, 3, 6, ... rank 2), or by device class (--lora-ranks-by)."""
@@ -552,13 +552,17 @@ def _pretrained(path: str, model: Any):
 
 
 def run_factory(cfg: RunConfig):
-    """The factory of the run: `--algorithm`'s, or `--lora-rule`'s preset (FedAvg with the
-    rule, `algorithms.lora.LORA_RULES`)."""
+    """The factory of the run: `--algorithm`'s, with `--lora-rule`'s hook first in its chain
+    (`algorithms.lora.with_rule`; refused for a preset that takes no hooks)."""
+    factory = algorithm_factory(cfg.algorithm)
     if cfg.lora_rule is None:
-        return algorithm_factory(cfg.algorithm)
-    from fedjax_sim.algorithms.lora import LORA_RULES
+        return factory
+    from fedjax_sim.algorithms.lora import with_rule
 
-    return LORA_RULES[cfg.lora_rule]
+    try:
+        return with_rule(factory, cfg.lora_rule)
+    except ValueError as e:
+        raise UsageError(f"--lora-rule {cfg.lora_rule}: {e}") from None
 
 
 def model_kwargs(factory: Any, model: Any, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -151,7 +151,7 @@ def build_sweep(
     whose grid hyper-parameters come from `make_algorithm(hparams)`. Every grid value is
     first built statically, so the factories' own value checks run before compiling."""
     dataset, model, _, client_map = build_run(cfg, None, explicit)
-    factory = run_factory(cfg)  # --algorithm's, or --lora-rule's preset
+    factory = run_factory(cfg)  # --algorithm's, with --lora-rule's hook
     kwargs = algorithm_kwargs(cfg, explicit, data=dataset.train, client_map=client_map, model=model)
     kwargs = model_kwargs(factory, model, kwargs)
 

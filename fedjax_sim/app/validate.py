@@ -94,6 +94,7 @@ RULES: dict[str, Range] = {
     "map_batch": POSITIVE_INT,
     "repeats": Range(3, INT32_MAX),
     "cohorts": POSITIVE_INT,
+    "baseline_cohorts": POSITIVE_INT,
     "steps_list": POSITIVE_INT,
     "widths": POSITIVE_INT,
     "map_batches": POSITIVE_INT,
@@ -425,7 +426,7 @@ def check_lora(cfg: Any) -> None:
 
 def check_lora_rule(cfg: Any) -> None:
     """--lora-rule and --lora-ranks come together, need --lora-rank (the largest rank) and
-    run on FedAvg's local SGD and plain upload (the rule's bytes_up)."""
+    the plain upload (the rule's bytes_up); the preset must take hooks (`config.run_factory`)."""
     rule, ranks = getattr(cfg, "lora_rule", None), getattr(cfg, "lora_ranks", ())
     by = getattr(cfg, "lora_ranks_by", "id")
     if rule is None:
@@ -443,11 +444,6 @@ def check_lora_rule(cfg: Any) -> None:
     if max(ranks) > cfg.lora_rank:
         raise UsageError(
             f"--lora-ranks {max(ranks)} exceeds --lora-rank {cfg.lora_rank} (the adapters' rank)"
-        )
-    if cfg.algorithm != "fedavg":
-        raise UsageError(
-            f"--lora-rule {rule} runs on FedAvg (its paper's local SGD and server step); "
-            f"drop --algorithm {cfg.algorithm}"
         )
     for name in ("secure_aggregation", "dp_clip"):
         if getattr(cfg, name, None):
@@ -590,11 +586,17 @@ def check_bench(cfg: Any) -> str:
     check_fields(cfg)
     if cfg.devices is not None:
         check_devices(cfg.devices)
-        if cfg.clients is not None and cfg.devices > cfg.clients:
-            raise UsageError(
-                f"--devices {cfg.devices} exceeds --clients {cfg.clients} (the client axis is "
-                "what is sharded)"
-            )
+        for clients in (cfg.clients, *cfg.baseline_cohorts):
+            if clients is not None and cfg.devices > clients:
+                raise UsageError(
+                    f"--devices {cfg.devices} exceeds the cohort {clients} (the client axis "
+                    "is what is sharded)"
+                )
+    if cfg.pfl_python is not None and not os.path.isfile(cfg.pfl_python):
+        raise UsageError(
+            f"--pfl-python {cfg.pfl_python}: no such file (benchmarks/peers/pfl_venv.sh makes "
+            ".venv-pfl/bin/python)"
+        )
     check_writable_dir(cfg.out)
     return cfg.out
 

@@ -6,6 +6,7 @@ from fedjax_sim.models.base import Model, l2_norm_sq, masked_mean
 from fedjax_sim.models.lenet import lenet
 from fedjax_sim.models.nets import cnn, count_params, linear_regression, logistic_regression, mlp
 from fedjax_sim.models.rnn import char_gru, char_lstm, char_rnn
+from fedjax_sim.models.simple_cnn import simple_cnn
 from fedjax_sim.models.transformer import transformer
 
 MODELS: dict[str, Callable[..., Model]] = {
@@ -15,6 +16,7 @@ MODELS: dict[str, Callable[..., Model]] = {
     "lstm": char_lstm,
     "gru": char_gru,
     "lenet": lenet,
+    "simple_cnn": simple_cnn,
     "transformer": transformer,
 }
 
@@ -41,5 +43,6 @@ __all__ = [
     "logistic_regression",
     "masked_mean",
     "mlp",
+    "simple_cnn",
     "transformer",
 ]

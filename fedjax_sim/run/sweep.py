@@ -110,12 +110,14 @@ def expand_grid(seeds: int | Sequence[int], grid: Mapping[str, Sequence[float]])
     return runs
 
 
-def _stack_hparams(runs: Sequence[RunSpec]) -> HParams:
+def stack_hparams(runs: Sequence[RunSpec]) -> HParams:
+    """`{name: [R] float array}` of the runs' grid values."""
     names = list(runs[0].hparams)
     return {n: jnp.asarray([r.hparams[n] for r in runs], float_dtype()) for n in names}
 
 
-def _stack_keys(runs: Sequence[RunSpec]) -> jax.Array:
+def stack_keys(runs: Sequence[RunSpec]) -> jax.Array:
+    """`[R]` run keys, `jax.random.key(seed_r)`."""
     return jax.vmap(jax.random.key)(jnp.asarray([r.seed for r in runs], jnp.uint32))
 
 
@@ -546,7 +548,7 @@ def sweep(
         raise ValueError(f"the sweep's mesh needs an axis named {RUNS_AXIS!r}: runs_mesh(n)")
     shards = 1 if mesh is None else int(mesh.shape[RUNS_AXIS])
     padded = runs + [runs[-1]] * (-num % shards)  # copies of the last run, dropped at the end
-    hps, keys = _stack_hparams(padded), _stack_keys(padded)
+    hps, keys = stack_hparams(padded), stack_keys(padded)
     budget = memory_budget_bytes or default_budget_bytes(jax.devices()[0])
     sig = (
         make_algorithm,

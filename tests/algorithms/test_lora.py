@@ -11,17 +11,20 @@ import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
 
-from fedjax_sim.algorithms import fedadam, fedavg, fedprox, scaffold
+from fedjax_sim.algorithms import fedadam, fedavg, fedbuff, fedprox, scaffold
 from fedjax_sim.algorithms.aggregators import error_feedback
 from fedjax_sim.algorithms.compression import INDEX_BYTES, TopK
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
 from fedjax_sim.algorithms.lora import (
     flora,
+    flora_fedavg,
     hetlora,
+    hetlora_fedavg,
     lora_partition,
     max_rank,
     stacked_product,
     truncate,
+    with_rule,
 )
 from fedjax_sim.algorithms.privacy import dp_mean
 from fedjax_sim.algorithms.robust import median, trimmed_mean
@@ -213,9 +216,11 @@ def lora_lsq():
     return model, init, problem.data
 
 
-def numpy_local(x, y, w, a, b, lam=0.0, start=0):
+def numpy_local(x, y, w, a, b, lam=0.0, start=0, mu=0.0):
     """K full-batch GD steps on (a, b) of `0.5 mean((x (w + S a b) v - y)^2)` (+ HetLoRA's
-    `lam ||a_tail b||_F`, the tail the columns `start:` of a)."""
+    `lam ||a_tail b||_F`, the tail the columns `start:` of a; + FedProx's `mu/2 ||(a, b) -
+    (a_0, b_0)||^2`)."""
+    a0, b0 = a, b
     a, b = a.copy(), b.copy()
     keep = (np.arange(a.shape[1]) >= start).astype(np.float64)
     for _ in range(K):
@@ -226,6 +231,7 @@ def numpy_local(x, y, w, a, b, lam=0.0, start=0):
             tail = (a * keep) @ b
             gt = lam * tail / np.linalg.norm(tail)
             ga, gb = ga + (gt @ b.T) * keep, gb + (a * keep).T @ gt
+        ga, gb = ga + mu * (a - a0), gb + mu * (b - b0)
         a, b = a - LR * ga, b - LR * gb
     return a, b
 
@@ -239,17 +245,32 @@ def client_arrays(data, i):
     return np.asarray(data.x[i, :n], np.float64), np.asarray(data.y[i, :n], np.float64)
 
 
-def hetlora_numpy(data, layer, rounds):
+def hetlora_numpy(data, layer, rounds, mu=0.0, adam=None):
+    """HetLoRA's rounds; `mu`: FedProx's local steps; `adam=(lr, b1, b2, eps)`: the server
+    steps with (bias-corrected) Adam on the pseudo-gradient `-(aggregate - x_t)`."""
     w, a, b = (np.asarray(layer[k], np.float64) for k in ("kernel", "lora_a", "lora_b"))
-    for _ in range(rounds):
+    moments = [np.zeros_like(a), np.zeros_like(b)], [np.zeros_like(a), np.zeros_like(b)]
+    for t in range(1, rounds + 1):
         pa, pb, norms = [], [], []
         for i, r in enumerate(RANKS):
-            ai, bi = numpy_local(*client_arrays(data, i), w, a[:, :r], b[:r])
+            ai, bi = numpy_local(*client_arrays(data, i), w, a[:, :r], b[:r], mu=mu)
             pa.append(np.pad(ai, ((0, 0), (0, R - r))))
             pb.append(np.pad(bi, ((0, R - r), (0, 0))))
             norms.append(np.linalg.norm(ai @ bi))
         p = np.array(norms) / np.sum(norms)
-        a, b = np.tensordot(p, pa, 1), np.tensordot(p, pb, 1)
+        new = [np.tensordot(p, pa, 1), np.tensordot(p, pb, 1)]
+        if adam is None:
+            a, b = new
+            continue
+        lr, b1, b2, eps = adam
+        (m, v), out = moments, []
+        for j, x in enumerate((a, b)):
+            g = x - new[j]  # the pseudo-gradient
+            m[j] = b1 * m[j] + (1 - b1) * g
+            v[j] = b2 * v[j] + (1 - b2) * g**2
+            step = (m[j] / (1 - b1**t)) / (np.sqrt(v[j] / (1 - b2**t)) + eps)
+            out.append(x - lr * step)
+        a, b = out
     return a, b
 
 
@@ -276,6 +297,15 @@ def het_alg(model, hook):
         partition=lora_partition(),
     )
     return compose(work, num_clients=C, cohort=CohortSpec(size=C, weighting="uniform"))
+
+
+HET = dict(  # het_alg's settings, as preset options
+    client_optimizer=LR,
+    local=LocalSpec(steps=K, sampling="full"),
+    partition=lora_partition(),
+    num_clients=C,
+    cohort=CohortSpec(size=C, weighting="uniform"),
+)
 
 
 def test_hetlora_matches_numpy():
@@ -371,3 +401,70 @@ def test_heterogeneous_ranks_on_the_transformer(setup, rule):
     else:
         assert not moved
         assert float(metrics["hetlora_rank"]) == 1.5
+
+
+# ------------------------------------------------------------------------------ rules x presets
+def test_fedprox_with_hetlora_matches_numpy():
+    """`with_rule(fedprox, "hetlora")`: the proximal term acts on the rank-masked local
+    steps (NumPy: each client's prox to its truncated x_t); mu = 0 is FedAvg + HetLoRA bit
+    for bit."""
+    model, init, data = lora_lsq()
+    mu = 2.0
+    prox = with_rule(fedprox, "hetlora")
+    state, _ = run(prox(model.loss, mu=mu, ranks=RANKS, **HET), model.init(None), data)
+    a, b = hetlora_numpy(data, init["layer"], rounds=2, mu=mu)
+    a0, b0 = hetlora_numpy(data, init["layer"], rounds=2)
+    assert np.abs(a - a0).max() > 1e-3  # the proximal term matters at this mu
+    layer = state.params["layer"]
+    np.testing.assert_allclose(layer["lora_a"], a, rtol=2e-4, atol=1e-5)
+    np.testing.assert_allclose(layer["lora_b"], b, rtol=2e-4, atol=1e-5)
+    zero, _ = run(prox(model.loss, mu=0.0, ranks=RANKS, **HET), model.init(None), data)
+    plain, _ = run(hetlora_fedavg(model.loss, ranks=RANKS, **HET), model.init(None), data)
+    jax.tree.map(np.testing.assert_array_equal, zero.params, plain.params)
+
+
+def test_fedadam_with_hetlora_matches_numpy():
+    """`with_rule(fedadam, "hetlora")`: the server's Adam (optax, bias-corrected) steps on
+    HetLoRA's sparsity-weighted mean of the zero-padded modules."""
+    model, init, data = lora_lsq()
+    adam = (0.05, 0.9, 0.99, 1e-3)  # lr, b1, b2, eps (fedadam's defaults but the lr)
+    alg = with_rule(fedadam, "hetlora")(model.loss, server_optimizer=adam[0], ranks=RANKS, **HET)
+    state, metrics = run(alg, model.init(None), data, rounds=3)
+    a, b = hetlora_numpy(data, init["layer"], rounds=3, adam=adam)
+    layer = state.params["layer"]
+    np.testing.assert_allclose(layer["lora_a"], a, rtol=2e-4, atol=1e-5)
+    np.testing.assert_allclose(layer["lora_b"], b, rtol=2e-4, atol=1e-5)
+    np.testing.assert_array_equal(layer["kernel"], init["layer"]["kernel"])
+    assert float(metrics["hetlora_rank"]) == RANKS.mean()
+
+
+def test_fedadam_with_flora_reduces_to_fedavg_with_flora(setup):
+    """FLoRA merges the stacked products at server learning rate 1 and resets the adapters,
+    so a server Adam's step on them is discarded: FedAdam + FLoRA's models equal FedAvg +
+    FLoRA's bit for bit, while Adam's moments (its state) do move."""
+    data, model, params = setup
+    ranks = np.array([1, 2, 1, 2])
+    opts = dict(
+        client_optimizer=0.5,
+        local=LocalSpec(steps=2, batch_size=4),
+        cohort=CohortSpec(size=M),
+        partition=lora_partition(),
+        ranks=ranks,
+        scale=1.0,
+    )
+    fedadam_flora = with_rule(fedadam, "flora")
+    adam, _ = run(fedadam_flora(model.loss, server_optimizer=0.01, **opts), params, data)
+    plain, _ = run(flora_fedavg(model.loss, **opts), params, data)
+    jax.tree.map(np.testing.assert_array_equal, adam.params, plain.params)
+    _, base = split_adapters(params)
+    _, moved = split_adapters(adam.params)
+    assert any(np.any(moved[k] != v) for k, v in base.items())  # FLoRA moved the base
+    moments = [x for x in jax.tree.leaves(adam.opt_state) if np.ndim(x) > 0]
+    assert any(np.any(np.asarray(x) != 0) for x in moments)
+
+
+def test_rules_need_a_preset_with_hooks():
+    with pytest.raises(ValueError, match="fedbuff takes no hooks"):
+        with_rule(fedbuff, "hetlora")
+    with pytest.raises(ValueError, match="unknown LoRA rule 'bogus'"):
+        with_rule(fedavg, "bogus")

@@ -5,8 +5,11 @@ compiled `fedavg` step is compared with an independent NumPy implementation of t
 (always runs), with the per-client jitted-loop baseline, and with the PyTorch per-client loop
 (skipped only when torch, an optional extra, is not installed). The minibatch indices come
 from `baselines.batch_indices`; if they differed from what `fedavg` draws, the updates would
-not agree.
+not agree. pfl-research's FedAvg (its own venv) is compared on a problem with equal client
+sizes (pfl's benchmark weights users equally): ours equals the NumPy reference there always,
+and pfl's update equals both when `.venv-pfl` exists (`.ci/run` builds it).
 """
+
 
 import jax
 import numpy as np
@@ -15,7 +18,7 @@ import pytest
 from fedjax_sim.algorithms import fedavg
 from fedjax_sim.algorithms.core import LocalSpec
 from fedjax_sim.app.bench import baselines
-from fedjax_sim.app.bench.workloads import CLIENT_LR, Workload, make_model
+from fedjax_sim.app.bench.workloads import CLIENT_LR, Workload, make_data, make_model, preset
 from fedjax_sim.data import FederatedData
 
 W = Workload(
@@ -24,12 +27,12 @@ W = Workload(
 COUNTS = np.array([6, 2, 5, 3], np.int32)
 
 
-@pytest.fixture(scope="module")
-def problem():
+def one_round(counts):
+    """Data, model, key, initial parameters and our FedAvg round's parameters (`ours`)."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(4, 6, 5)).astype(np.float32)
     y = rng.integers(0, 3, (4, 6)).astype(np.int32)
-    data = FederatedData.create(x, y, COUNTS, num_classes=3)
+    data = FederatedData.create(x, y, counts, num_classes=3)
     model = make_model(W)
     key = jax.random.key(3)
     params = model.init(jax.random.key(1))
@@ -48,6 +51,19 @@ def problem():
         "params": params,
         "ours": jax.device_get(state.params),
     }
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return one_round(COUNTS)
+
+
+EQUAL = np.full(4, 6, np.int32)
+
+
+@pytest.fixture(scope="module")
+def equal():
+    return one_round(EQUAL)
 
 
 def numpy_fedavg(params, x, y, counts, indices, lr):
@@ -122,3 +138,57 @@ def test_torch_baseline_matches_ours(problem):
     peer.round(indices=idx)
     assert_params_close(problem["ours"], peer.params())
     peer.round()  # the benchmark's own sampling runs too
+
+
+def test_torch_cnn_loop_computes_our_cnn_and_our_round():
+    """pfl's CIFAR CNN (`models.simple_cnn`) in the PyTorch loop: the layouts round-trip, the
+    torch module computes our model's logits, one FedAvg round equals ours."""
+    pytest.importorskip("torch", reason="torch is the optional extra 'peers'")
+    w = preset("tiny-cnn")
+    model, data = make_model(w), make_data(w, seed=1)
+    key, params = jax.random.key(3), model.init(jax.random.key(1))
+    local = LocalSpec(steps=w.local_steps, batch_size=w.batch_size)
+    alg = fedavg(model.loss, client_optimizer=CLIENT_LR, local=local)
+    state, _ = jax.jit(alg.step)(alg.init(params, key), data, key)
+    x, y, counts = (np.asarray(a) for a in (data.x, data.y, data.counts))
+    peer = baselines.TorchFedAvg(w, jax.device_get(params), x, y, counts, threads=1)
+    assert_params_close(peer.params(), params, tol=0)
+    logits = peer.model(peer.x[0]).detach().numpy()
+    np.testing.assert_allclose(logits, model.apply(params, data.x[0]), atol=1e-5)
+    peer.round(indices=baselines.batch_indices(key, counts, w))
+    assert_params_close(jax.device_get(state.params), peer.params(), tol=1e-5)
+
+
+def test_equal_sizes_numpy_reference_matches_ours(equal):
+    """The problem the pfl comparison uses: ours == the NumPy reference (always runs)."""
+    idx = baselines.batch_indices(equal["key"], EQUAL, W)
+    ref = numpy_fedavg(equal["params"], equal["x"], equal["y"], EQUAL, idx, CLIENT_LR)
+    assert_params_close(equal["ours"], ref)
+
+
+@pytest.mark.skipif(
+    baselines.pfl_python() is None,
+    reason="pfl-research lives in its own venv (.venv-pfl, benchmarks/peers/pfl_venv.sh), "
+    "which .ci/run builds (best effort) and this checkout lacks",
+)
+def test_pfl_fedavg_matches_ours_and_numpy(equal, tmp_path):
+    """pfl's FederatedAveraging + SimulatedBackend + PyTorchModel from the same weights, on
+    the same minibatch rows (fed to pfl as each user's dataset, in order): one round."""
+    idx = baselines.batch_indices(equal["key"], EQUAL, W)
+    p = equal["params"]
+    torch_order = [p["Dense_0"]["kernel"].T, p["Dense_0"]["bias"]]
+    torch_order += [p["Dense_1"]["kernel"].T, p["Dense_1"]["bias"]]
+    fixed = tmp_path / "fixed.npz"
+    arrays = {f"p{i}": np.asarray(a) for i, a in enumerate(torch_order)}
+    np.savez(fixed, x=equal["x"], y=equal["y"], indices=idx, **arrays)
+    spec = baselines.pfl_spec(W, rounds=1, threads=1)
+    spec.update(fixed=str(fixed), out=str(tmp_path / "out.npz"))
+    baselines.run_pfl(spec, baselines.pfl_python())
+    out = np.load(spec["out"])
+    theirs = {
+        f"Dense_{i}": {"kernel": out[f"p{2 * i}"].T, "bias": out[f"p{2 * i + 1}"]}
+        for i in range(2)
+    }
+    assert_params_close(equal["ours"], theirs, tol=1e-5)
+    ref = numpy_fedavg(p, equal["x"], equal["y"], EQUAL, idx, CLIENT_LR)
+    assert_params_close(ref, theirs, tol=1e-5)

@@ -4,12 +4,15 @@ memory-budget skip and the watchdog that kills a measurement over its memory cap
 
 import json
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
 from fedjax_sim import algorithms
 from fedjax_sim.algorithms import fedavg
-from fedjax_sim.app.bench import runner, suites
+from fedjax_sim.app.bench import baselines, runner, suites
 from fedjax_sim.app.bench.config import BenchConfig
 from fedjax_sim.app.bench.results import read_rows, validate_row
 from fedjax_sim.app.bench.workloads import (
@@ -139,6 +142,29 @@ def test_watchdog_kills_a_measurement_over_its_memory_cap():
     assert row["kind"] == "skipped" and "killed by the watchdog: RSS" in row["reason"]
 
 
+def test_watchdog_counts_and_kills_the_children_of_a_measurement():
+    """A parent holding little memory whose child holds 200 MiB (the pfl worker and pfl):
+    counted in the tree's RSS, and killed with it."""
+    child = "b = bytearray(200 * 2**20); import time; time.sleep(60)"
+    code = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 30
+        while suites.tree_rss(proc.pid) < 200 * 2**20 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert suites.tree_rss(proc.pid) >= 200 * 2**20 > suites.rss_of(proc.pid)
+        (child,) = suites.children_of(proc.pid)
+    finally:
+        suites.kill_tree(proc.pid)
+        proc.wait()
+    time.sleep(0.5)
+    try:  # gone, or a zombie nobody has reaped yet
+        with open(f"/proc/{child}/stat") as f:
+            assert f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        pass
+
+
 def test_estimate_grows_with_cohort_and_chunk():
     w = preset("LR")
     small = suites.estimate_bytes(w.replace(clients=10**3), 10**4)
@@ -205,3 +231,72 @@ def test_client_steps_count_the_local_steps_actually_taken():
     row = runner.measure_engine(w, repeats=3, suite="t", flops=False, peak=PEAK)
     assert row["clients_per_step"] == w.clients
     assert row["client_steps_per_s"] == pytest.approx(w.clients / row["round_s_median"], rel=1e-3)
+
+
+# a stand-in for benchmarks/peers/pfl_fedavg.py (same argument and result line), so that the
+# plumbing of the pfl rows runs on CI, where pfl-research's venv is not built
+FAKE_PFL = """import json, sys
+spec = json.loads(sys.argv[1])
+print("a log line of the peer")
+laps = [0.5] + [0.1 * (i + 1) for i in range(spec["rounds"] - 1)]
+print(json.dumps({"round_s": laps, "pfl": "fake", "torch": "-", "torch_threads":
+    spec["threads"], "peak_rss_bytes": 12345, "local": spec["model"]}))
+"""
+
+
+def test_baselines_suite_runs_every_system_per_cohort_in_alternating_order(
+    tmp_path, monkeypatch, cheap
+):
+    script = tmp_path / "fake_pfl.py"
+    script.write_text(FAKE_PFL)
+    monkeypatch.setattr(baselines, "PFL_SCRIPT", str(script))
+    calls = []
+    measure = suites.Session.measure
+
+    def spy(self, task, w, suite, label, **extra):
+        calls.append((task, w.clients))
+        return measure(self, task, w, suite, label, **extra)
+
+    monkeypatch.setattr(suites.Session, "measure", spy)
+    monkeypatch.setattr(suites, "fit", lambda w, budget: w)  # no memory-fitted engine row
+    cfg = BenchConfig(
+        suite=("baselines",),
+        workload="tiny-mlp",
+        baseline_cohorts=(2, 3),
+        torch_threads=1,
+        pfl_python=sys.executable,
+        isolate=False,
+        flops=False,
+        plots=False,
+        peak_n=64,
+        out=str(tmp_path / "res"),
+    )
+    rows = suites.run(cfg, log=lambda line: None)["baselines"]
+    systems = ["engine", "loop", "torch", "pfl"]
+    assert calls == [(t, 2) for t in systems] + [(t, 3) for t in reversed(systems)]
+    # rows stay in system order, each cohort followed by its speedups
+    kinds = [r.get("engine", r["label"]) for r in rows]
+    per_cohort = ["fedjax_sim", "python-loop", "torch-loop", "pfl"]
+    assert kinds == per_cohort + ["speedups tiny-mlp M=2"] + per_cohort + ["speedups tiny-mlp M=3"]
+    pfl = rows[3]
+    assert pfl["label"] == "pfl-research (1 thread) tiny-mlp M=2" and pfl["clients"] == 2
+    assert pfl["system"] == "pfl-research (1 thread)"
+    assert [r["cohort_run"] for r in rows] == ["tiny-mlp M=2"] * 5 + ["tiny-mlp M=3"] * 5
+    assert pfl["round_s"] == [0.1, 0.2, 0.3] and pfl["first_round_s"] == 0.5  # laps[1:]
+    assert pfl["peak_memory_bytes"] == 12345 and pfl["torch_threads"] == 1
+    w = preset("tiny-mlp")
+    assert pfl["client_steps_per_s"] == pytest.approx(2 * w.local_steps / 0.2)
+    summary = rows[4]
+    assert set(summary["speedup_vs"]) == {r["label"] for r in rows[1:4]}
+    assert summary["speedup_vs"][pfl["label"]] == pytest.approx(
+        0.2 / rows[0]["round_s_median"], rel=2e-3
+    )
+    assert [r["clients"] for r in read_rows(os.path.join(cfg.out, "baselines.jsonl"))[5:9]] == [
+        3
+    ] * 4
+
+
+def test_pfl_row_is_skipped_naming_the_venv_recipe():
+    row = runner.measure_pfl(preset("tiny-mlp"), python="/nonexistent/python", peak=PEAK)
+    assert row["kind"] == "skipped" and "benchmarks/peers/pfl_venv.sh" in row["reason"]
+    validate_row(row, stamped=False)

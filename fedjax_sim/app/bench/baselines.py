@@ -6,14 +6,20 @@
   clients train: per client a fresh copy of the global model (`copy.deepcopy`), a new SGD
   optimizer, K minibatch steps with `cross_entropy` + `backward` + `step`, then the
   count-weighted average of the local models. Needs the optional extra `peers` (torch).
+- pfl-research (`run_pfl`): its `FederatedAveraging` on its `SimulatedBackend` with its
+  PyTorch model, run by `benchmarks/peers/pfl_fedavg.py` under the python of a separate venv
+  (`benchmarks/peers/pfl_venv.sh` makes `.venv-pfl`; pfl pins packages the project does not).
 
-Both compute plain FedAvg (client SGD with a fixed learning rate, server averaging with
+All compute plain FedAvg (client SGD with a fixed learning rate, server averaging with
 count weights) on `Workload` data, so times are comparable with `fedavg` rounds.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -23,9 +29,12 @@ import numpy as np
 import optax
 
 from fedjax_sim.algorithms.core import LOCAL, client_key, local_train, round_key
+from fedjax_sim.app.bench.results import REPO
 from fedjax_sim.app.bench.workloads import CLIENT_LR, Workload
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.base import Model
+from fedjax_sim.models.simple_cnn import CHANNELS as CNN_CHANNELS
+from fedjax_sim.models.simple_cnn import DENSE as CNN_DENSE
 
 
 def loop_round(
@@ -81,11 +90,14 @@ def batch_indices(key: jax.Array, counts: np.ndarray, w: Workload, round_: int =
 
 
 class TorchFedAvg:
-    """FedAvg as a plain PyTorch per-client loop on a `Workload`'s dense net.
+    """FedAvg as a plain PyTorch per-client loop on a `Workload`'s model: its dense net, or
+    `models.simple_cnn` as `Conv2d`/`MaxPool2d`/`Linear` layers (NCHW: each client's images
+    are transposed once, when stored).
 
-    `params` is our flax parameter tree (`{"Dense_l": {"kernel": [in, out], "bias": [out]}}`);
-    the torch model starts from the same weights. `indices [C, K, B]` fixes the minibatches
-    (tests); without it each step draws `torch.randint(0, n_i, (B,))` like a research loop.
+    `params` is our flax parameter tree (`{"Dense_l": {"kernel": [in, out], "bias": [out]}}`,
+    `Conv_l` kernels `[kh, kw, in, out]`); the torch model starts from the same weights.
+    `indices [C, K, B]` fixes the minibatches (tests); without it each step draws
+    `torch.randint(0, n_i, (B,))` like a research loop.
     """
 
     def __init__(
@@ -107,35 +119,60 @@ class TorchFedAvg:
         self.w = w
         self.threads = torch.get_num_threads()
         self.generator = torch.Generator().manual_seed(seed)
-        layers: list[Any] = []
-        for a, b in zip(w.widths[:-1], w.widths[1:], strict=True):
-            layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
-        self.model = torch.nn.Sequential(*layers[:-1])
+        self.model = torch_net(torch, w)
         self.set_params(params)
         # per-client tensors, as a per-client Dataset would hold them
-        self.x = [torch.from_numpy(np.array(xi, np.float32)) for xi in np.asarray(x)]
+        x = np.array(x, np.float32)  # a writable copy (torch tensors share its memory)
+        if w.model == "simple_cnn":  # [C, N, H * W * C] -> [C, N, C, H, W]
+            x = x.reshape(*x.shape[:2], *w.image).transpose(0, 1, 4, 2, 3)
+        self.x = [torch.from_numpy(np.ascontiguousarray(xi)) for xi in x]
         self.y = [torch.from_numpy(np.asarray(yi, np.int64)) for yi in np.asarray(y)]
         self.counts = [int(n) for n in np.asarray(counts)]
 
-    def _linears(self) -> list[Any]:
-        return [m for m in self.model if isinstance(m, self.torch.nn.Linear)]
+    def _layers(self) -> dict[str, Any]:
+        """Our layer names -> the torch layers with weights, in order."""
+        nn = self.torch.nn
+        convs = [m for m in self.model if isinstance(m, nn.Conv2d)]
+        dense = [m for m in self.model if isinstance(m, nn.Linear)]
+        return {
+            **{f"Conv_{i}": m for i, m in enumerate(convs)},
+            **{f"Dense_{i}": m for i, m in enumerate(dense)},
+        }
+
+    def _pooled(self) -> tuple[int, int, int]:
+        """`(h, w, c)` of the CNN's pooled features (the first dense layer's input)."""
+        h, w, _ = self.w.image
+        return (h - 4) // 2, (w - 4) // 2, CNN_CHANNELS[-1]
 
     def set_params(self, params: Any) -> None:
         with self.torch.no_grad():
-            for i, lin in enumerate(self._linears()):
-                p = params[f"Dense_{i}"]
-                lin.weight.copy_(self.torch.from_numpy(np.asarray(p["kernel"]).T.copy()))
-                lin.bias.copy_(self.torch.from_numpy(np.asarray(p["bias"]).copy()))
+            for name, layer in self._layers().items():
+                k = np.asarray(params[name]["kernel"])
+                if name.startswith("Conv"):  # [kh, kw, in, out] -> [out, in, kh, kw]
+                    k = k.transpose(3, 2, 0, 1)
+                elif name == "Dense_0" and self.w.model == "simple_cnn":
+                    # flax flattens (h, w, c), torch (c, h, w): permute the rows
+                    h, w, c = self._pooled()
+                    k = k.reshape(h, w, c, -1).transpose(2, 0, 1, 3).reshape(h * w * c, -1).T
+                else:
+                    k = k.T
+                layer.weight.copy_(self.torch.from_numpy(np.ascontiguousarray(k)))
+                layer.bias.copy_(self.torch.from_numpy(np.array(params[name]["bias"])))
 
     def params(self) -> dict[str, dict[str, np.ndarray]]:
         """The global model in our flax layout."""
-        return {
-            f"Dense_{i}": {
-                "kernel": lin.weight.detach().numpy().T.copy(),
-                "bias": lin.bias.detach().numpy().copy(),
-            }
-            for i, lin in enumerate(self._linears())
-        }
+        out = {}
+        for name, layer in self._layers().items():
+            k = layer.weight.detach().numpy()
+            if name.startswith("Conv"):
+                k = k.transpose(2, 3, 1, 0)
+            elif name == "Dense_0" and self.w.model == "simple_cnn":
+                h, w, c = self._pooled()
+                k = k.T.reshape(c, h, w, -1).transpose(1, 2, 0, 3).reshape(h * w * c, -1)
+            else:
+                k = k.T
+            out[name] = {"kernel": k.copy(), "bias": layer.bias.detach().numpy().copy()}
+        return out
 
     def round(self, indices: np.ndarray | None = None) -> None:
         """One FedAvg round over all clients (updates the global model in place)."""
@@ -164,3 +201,67 @@ class TorchFedAvg:
             n_total += n
         if n_total:
             self.model.load_state_dict({k: v / n_total for k, v in total.items()})
+
+
+def torch_net(torch: Any, w: Workload) -> Any:
+    """The workload's model as a torch `Sequential` (NCHW images for the CNN; pfl's module
+    without its two dropout layers, see `models.simple_cnn`)."""
+    nn = torch.nn
+    if w.model == "simple_cnn":
+        h, wd, c = w.image
+        a, b = CNN_CHANNELS
+        return nn.Sequential(
+            nn.Conv2d(c, a, 3), nn.ReLU(), nn.Conv2d(a, b, 3), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear((h - 4) // 2 * ((wd - 4) // 2) * b, CNN_DENSE), nn.ReLU(),
+            nn.Linear(CNN_DENSE, w.num_classes),
+        )  # fmt: skip
+    layers: list[Any] = []
+    for a, b in zip(w.widths[:-1], w.widths[1:], strict=True):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+# ------------------------------------------------------------------------------ pfl-research
+PFL_SCRIPT = os.path.join(REPO, "benchmarks", "peers", "pfl_fedavg.py")
+PFL_VENV_PYTHON = os.path.join(REPO, ".venv-pfl", "bin", "python")
+
+
+def pfl_python(python: str | None = None) -> str | None:
+    """The pfl venv's python: `python` if given, else `.venv-pfl/bin/python` of this checkout;
+    None if that file does not exist."""
+    path = python or PFL_VENV_PYTHON
+    return path if os.path.exists(path) else None
+
+
+def pfl_spec(w: Workload, rounds: int, threads: int | None = None, seed: int = 0) -> dict:
+    """The JSON spec of `benchmarks/peers/pfl_fedavg.py` for `rounds` FedAvg rounds of `w`
+    (every client each round, client SGD at `CLIENT_LR`, server SGD at 1)."""
+    if w.algorithm != "fedavg":
+        raise ValueError(f"the pfl peer runs FedAvg only, got {w.algorithm!r}")
+    return {
+        "model": "simple_cnn" if w.model == "simple_cnn" else "mlp",  # logistic: no hidden
+        "widths": list(w.widths),
+        "image": list(w.image),
+        "num_classes": w.num_classes,
+        "clients": w.clients,
+        "per_client": w.per_client,
+        "local_steps": w.local_steps,
+        "batch_size": w.batch_size,
+        "lr": CLIENT_LR,
+        "rounds": rounds,
+        "threads": threads,
+        "seed": seed,
+    }
+
+
+def run_pfl(spec: dict, python: str, timeout_s: float | None = None) -> dict:
+    """Runs `pfl_fedavg.py` with `python` on `spec`; its result object (RuntimeError with the
+    end of its stderr if it fails)."""
+    proc = subprocess.run(
+        [python, PFL_SCRIPT, json.dumps(spec)], capture_output=True, text=True, timeout=timeout_s
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode or not lines:
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+        raise RuntimeError(f"pfl peer failed (exit {proc.returncode}): {tail}")
+    return json.loads(lines[-1])

@@ -28,7 +28,8 @@ class BenchConfig:
     (local steps), width (MLP widths), algorithms (every registered algorithm vs FedAvg),
     memory (peak memory of 20 vs 200 scanned rounds)."""
     workload: str = "W1"
-    """Preset workload (W1, W1-100, LR, tiny-mlp, tiny-lr); the flags below override it."""
+    """Preset workload (W1, W1-100, LR, cifar_pfl, tiny-mlp, tiny-lr, tiny-cnn); the flags
+    below override it."""
     algorithm: str | None = None
     """Registered algorithm (default: the preset's, fedavg)."""
     model: Literal["mlp", "logistic"] | None = None
@@ -78,7 +79,14 @@ class BenchConfig:
     """Size n of the f32 [n, n] matmul whose rate is the roofline's peak (default: 2048 on
     CPU, 8192 on accelerators)."""
     torch_threads: int | None = None
-    """Threads of the PyTorch baseline (default: torch's, = cores)."""
+    """Threads of the PyTorch loop and of pfl-research (default: one row with 1 thread and
+    one with torch's default, = cores)."""
+    baseline_cohorts: tuple[int, ...] = ()
+    """Cohort sizes of the baselines suite: every system at each, the order of the systems
+    reversed at every other size (default: the workload's cohort only)."""
+    pfl_python: str | None = None
+    """Python of the pfl-research venv (default: .venv-pfl/bin/python of the checkout, made
+    by benchmarks/peers/pfl_venv.sh; without it the pfl rows are skipped, naming it)."""
     isolate: bool = True
     """Run each measurement in its own process (needed for per-measurement peak RSS)."""
     flops: bool = True

@@ -26,7 +26,9 @@ def plot_suite(suite: str, rows: list[dict[str, Any]], path: str) -> str | None:
     if not measured:
         return None
     plt = _plt()
-    if suite in ("cohort", "steps", "width"):
+    if suite == "baselines" and len({r["clients"] for r in measured}) > 1:
+        fig = _systems_vs_cohort(plt, measured)
+    elif suite in ("cohort", "steps", "width"):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
         x_of = {
             "cohort": ("clients", "cohort size M (clients)"),
@@ -80,3 +82,27 @@ def plot_suite(suite: str, rows: list[dict[str, Any]], path: str) -> str | None:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def _systems_vs_cohort(plt, measured: list[dict[str, Any]]):
+    """Client-steps/s against the cohort size, one line per system (`system`, else the
+    label), one panel per workload (the baselines suite run with `--baseline-cohorts`)."""
+    names = list(dict.fromkeys(r["workload"]["name"] for r in measured))
+    fig, axes = plt.subplots(1, len(names), figsize=(6.5 * len(names), 4.6), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        groups: dict[str, list[dict]] = defaultdict(list)
+        for r in measured:
+            if r["workload"]["name"] == name:
+                groups[r.get("system", r["label"])].append(r)
+        for system, rs in groups.items():
+            rs = sorted(rs, key=lambda r: r["clients"])
+            xs, ys = [r["clients"] for r in rs], [r["client_steps_per_s"] for r in rs]
+            ax.plot(xs, ys, "o-" if rs[0]["engine"] == "fedjax_sim" else "s--", label=system)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("cohort size M (clients per round)")
+        ax.set_ylabel("client-steps / s (median round)")
+        ax.set_title(name, fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    return fig

@@ -1,7 +1,8 @@
 """One measurement -> one result row (in the current process).
 
 `measure_engine` times our compiled round, `measure_loop` the per-client jitted loop,
-`measure_torch` the PyTorch per-client loop, `measure_rounds_memory` the peak memory of a
+`measure_torch` the PyTorch per-client loop, `measure_pfl` pfl-research's simulator (in its
+own venv's python), `measure_rounds_memory` the peak memory of a
 scanned multi-round run. Each row carries the matmul peak measured in the same process
 (`peak`, measured here if not given) and the machine info. Peak memory is process-wide:
 run each measurement in its own process when it matters (`fedjax_sim.app.bench.suites`).
@@ -220,6 +221,44 @@ def measure_torch(
         peak=peak,
         extra={"torch": torch.__version__, "torch_threads": peer.threads},
     )
+
+
+def measure_pfl(
+    w: Workload,
+    *,
+    repeats: int = 3,
+    suite: str = "baselines",
+    label: str = "pfl-research",
+    peak: dict[str, float] | None = None,
+    threads: int | None = None,
+    python: str | None = None,
+) -> dict[str, Any]:
+    """pfl-research's FedAvg (`baselines.run_pfl`): `repeats + 1` central iterations in one
+    pfl process, the first reported as `first_round_s`; peak memory is that process's.
+    Skipped row if the pfl venv is missing."""
+    exe = baselines.pfl_python(python)
+    if exe is None:
+        reason = (
+            f"no pfl-research venv ({python or baselines.PFL_VENV_PYTHON} missing): "
+            "run benchmarks/peers/pfl_venv.sh"
+        )
+        return skipped_row(suite, label, w, reason)
+    peak = peak or measure.matmul_peak()
+    out = baselines.run_pfl(baselines.pfl_spec(w, repeats + 1, threads), exe)
+    laps = out["round_s"]
+    row = round_row(
+        suite=suite,
+        label=label,
+        engine="pfl",
+        w=w,
+        repeats=repeats,
+        times=laps[1:],
+        first_round_s=laps[0],
+        peak=peak,
+        extra={key: out[key] for key in ("pfl", "torch", "torch_threads", "local")},
+    )
+    row.update(peak_memory_bytes=int(out["peak_rss_bytes"]), memory_source="pfl_process_peak_rss")
+    return row
 
 
 def measure_rounds_memory(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -105,8 +106,37 @@ def rss_of(pid: int) -> int:
     return 0
 
 
+def children_of(pid: int) -> list[int]:
+    """Child process ids (Linux /proc; none where unavailable)."""
+    children: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                children += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return children
+
+
+def tree_rss(pid: int) -> int:
+    """Resident set of a process and all its descendants (the pfl worker runs pfl in a child
+    process of its own), in bytes."""
+    return rss_of(pid) + sum(tree_rss(c) for c in children_of(pid))
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL to a process's descendants, then to it."""
+    for child in children_of(pid):
+        kill_tree(child)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
 def run_isolated(spec: dict[str, Any], kill_bytes: int, timeout_s: float) -> dict[str, Any]:
-    """Runs `worker.run_spec(spec)` in a child process under an RSS and time watchdog."""
+    """Runs `worker.run_spec(spec)` in a child process under an RSS (of its process tree)
+    and time watchdog."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(fedjax_sim.__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -120,7 +150,7 @@ def run_isolated(spec: dict[str, Any], kill_bytes: int, timeout_s: float) -> dic
             proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
             t0, peak, reason = time.monotonic(), 0, None
             while proc.poll() is None:
-                rss = rss_of(proc.pid)
+                rss = tree_rss(proc.pid)
                 peak = max(peak, rss)
                 if rss > kill_bytes:
                     reason = (
@@ -130,7 +160,7 @@ def run_isolated(spec: dict[str, Any], kill_bytes: int, timeout_s: float) -> dic
                 elif time.monotonic() - t0 > timeout_s:
                     reason = f"killed by the watchdog: running longer than {timeout_s:.0f} s"
                 if reason:
-                    proc.kill()
+                    kill_tree(proc.pid)
                     proc.wait()
                     break
                 time.sleep(0.1)
@@ -232,39 +262,81 @@ def suite_round(s: Session) -> list[dict]:
     return [s.measure("engine", w, "round", f"{w.name} {w.algorithm} {w.mode_label}")]
 
 
-def suite_baselines(s: Session) -> list[dict]:
-    w = s.main_workload().replace(algorithm="fedavg")
-    rows = [s.measure("engine", w, "baselines", f"fedjax_sim {w.mode_label}")]
+System = tuple[str, Workload, str, dict[str, Any]]  # task, workload, label, spec extras
+
+
+def baseline_systems(s: Session, w: Workload) -> list[System]:
+    """The engine (sharded over `w.devices`, on one device, memory-fitted) and the peers on
+    `w`: the per-client jitted loop, the PyTorch loop and pfl-research (each with one torch
+    thread and with torch's default, or with `--torch-threads`)."""
+    systems: list[System] = [("engine", w, f"fedjax_sim {w.mode_label}", {})]
     if w.devices > 1:  # the same engine on one device, side by side
         one = w.replace(devices=1)
-        rows.append(s.measure("engine", one, "baselines", f"fedjax_sim {one.mode_label}"))
+        systems.append(("engine", one, f"fedjax_sim {one.mode_label}", {}))
     fitted = fit(w, s.budget)
     if fitted.mode_label != w.mode_label:
-        rows.append(
-            s.measure("engine", fitted, "baselines", f"fedjax_sim fit: {fitted.mode_label}")
-        )
-    rows.append(s.measure("loop", w, "baselines", "per-client python loop (jit client update)"))
+        systems.append(("engine", fitted, f"fedjax_sim fit: {fitted.mode_label}", {}))
+    systems.append(("loop", w, "per-client python loop (jit client update)", {}))
     # torch with one thread and with its default (all cores): on a loaded machine OpenMP
     # threads that wait on each other can make the multi-threaded loop far slower
     threads = [s.cfg.torch_threads] if s.cfg.torch_threads else [1, None]
-    for t in threads:
-        label = f"PyTorch per-client loop ({t or 'default'} thread{'s' if t != 1 else ''})"
-        rows.append(s.measure("torch", w, "baselines", label, torch_threads=t))
-    ours = [r for r in rows if r["kind"] == "round" and r["engine"] == "fedjax_sim"]
-    summary: dict[str, Any] = {"kind": "summary", "suite": "baselines", "label": "speedups"}
+    for name, task in (("PyTorch per-client loop", "torch"), ("pfl-research", "pfl")):
+        for t in threads:
+            label = f"{name} ({t or 'default'} thread{'s' if t != 1 else ''})"
+            extra: dict[str, Any] = {"torch_threads": t}
+            if task == "pfl":
+                extra["pfl_python"] = s.cfg.pfl_python
+            systems.append((task, w, label, extra))
+    return systems
+
+
+def suite_baselines(s: Session) -> list[dict]:
+    """Every system of `baseline_systems` at each cohort size (`--baseline-cohorts`, default
+    the workload's), each measurement in its own process; the order of the systems is
+    reversed at every other cohort so that a drift of the machine's speed during the run
+    does not favour the systems measured first. A `speedups` summary per cohort. With
+    cohorts, labels end in ` <workload> M=<cohort>` (rows of several workloads and cohorts
+    share one file), each row names its `system` (the label without that tag) and every row
+    of the run, summaries included, its `cohort_run` (`<workload> M=<cohort>`)."""
+    base = s.main_workload().replace(algorithm="fedavg")
+    cohorts = s.cfg.baseline_cohorts or (base.clients,)
+    rows: list[dict] = []
+    for i, c in enumerate(cohorts):
+        run = f"{base.name} M={c}" if s.cfg.baseline_cohorts else None
+        tag = f" {run}" if run else ""
+        systems = baseline_systems(s, base.replace(clients=c))
+        order = list(range(len(systems)))[:: -1 if i % 2 else 1]
+        measured: dict[int, dict] = {}
+        for j in order:
+            task, w, label, extra = systems[j]
+            measured[j] = s.measure(task, w, "baselines", label + tag, **extra)
+        cohort_rows = [measured[j] for j in range(len(systems))]
+        cohort_rows.append(_summary(speedups(cohort_rows, f"speedups{tag}")))
+        if run:
+            for row, system in zip(cohort_rows, [x[2] for x in systems] + [None], strict=True):
+                row.update(cohort_run=run, **({"system": system} if system else {}))
+        rows += cohort_rows
+    return rows
+
+
+def speedups(rows: list[dict], label: str) -> dict[str, Any]:
+    """The best engine row's median over each peer's (`speedup_vs`, by label)."""
+    summary: dict[str, Any] = {"kind": "summary", "suite": "baselines", "label": label}
+    measured = [r for r in rows if r["kind"] == "round"]
+    ours = [r for r in measured if r["engine"] == "fedjax_sim"]
     if ours:
         best = min(ours, key=lambda r: r["round_s_median"])
         summary["best"] = best["label"]
         summary["speedup_vs"] = {
             r["label"]: round(r["round_s_median"] / best["round_s_median"], 3)
-            for r in rows
-            if r["kind"] == "round" and r["engine"] != "fedjax_sim"
+            for r in measured
+            if r["engine"] != "fedjax_sim"
         }
-        torch_rows = [r for r in rows if r["kind"] == "round" and r["engine"] == "torch-loop"]
+        torch_rows = [r for r in measured if r["engine"] == "torch-loop"]
         if torch_rows:
             fastest = min(r["round_s_median"] for r in torch_rows)
             summary["speedup_vs_fastest_torch"] = round(fastest / best["round_s_median"], 3)
-    return rows + [_summary(summary)]
+    return summary
 
 
 def suite_modes(s: Session) -> list[dict]:

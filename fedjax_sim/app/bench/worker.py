@@ -1,7 +1,8 @@
 """`python -m fedjax_sim.app.bench.worker SPEC_JSON`: one measurement in a fresh process.
 
-SPEC: `{"task": "engine" | "loop" | "torch" | "rounds", "workload": Workload.describe(),
-"suite", "label", "repeats", "flops", "peak_n", "torch_threads", "rounds"}`. Prints the
+SPEC: `{"task": "engine" | "loop" | "torch" | "pfl" | "rounds", "workload":
+Workload.describe(), "suite", "label", "repeats", "flops", "peak_n", "torch_threads",
+"pfl_python", "rounds"}`. Prints the
 result row as one JSON line; an exception becomes a `skipped` row naming it (e.g. an
 algorithm that cannot run on the generic workload).
 """
@@ -19,6 +20,7 @@ from fedjax_sim.app.bench.workloads import Workload
 def workload_from(d: dict[str, Any]) -> Workload:
     d = dict(d)
     d["hidden"] = tuple(d.get("hidden") or ())
+    d["image"] = tuple(d.get("image") or ())
     d["hparams"] = tuple(sorted((d.get("hparams") or {}).items()))
     return Workload(**d)
 
@@ -39,6 +41,15 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
         if task == "torch":
             return runner.measure_torch(
                 w, repeats=repeats, suite=suite, threads=spec.get("torch_threads"), **named
+            )
+        if task == "pfl":
+            return runner.measure_pfl(
+                w,
+                repeats=repeats,
+                suite=suite,
+                threads=spec.get("torch_threads"),
+                python=spec.get("pfl_python"),
+                **named,
             )
         if task == "rounds":
             return runner.measure_rounds_memory(

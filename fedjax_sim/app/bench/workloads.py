@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Collection
 from typing import Any, NamedTuple
 
@@ -23,10 +24,12 @@ from fedjax_sim.algorithms.core import Algorithm, CohortSpec, LocalSpec
 from fedjax_sim.app.config import hyper_parameters
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.base import Model
+from fedjax_sim.models.simple_cnn import conv_macs
 from fedjax_sim.runtime import distributed
 from fedjax_sim.runtime.parallel import ClientMap, client_mesh
 
 CLIENT_LR = 0.05
+MODELS = ("mlp", "logistic", "simple_cnn")
 GEN_BLOCK_BYTES = 64 * 2**20  # data generated at once by `make_data`
 
 
@@ -35,8 +38,11 @@ class Workload:
     """One benchmarked round.
 
     Attributes:
-      algorithm: registered algorithm name. model: "mlp" or "logistic".
+      algorithm: registered algorithm name. model: "mlp", "logistic" or "simple_cnn"
+        (pfl-research's CIFAR CNN, `models.simple_cnn`).
       hidden: MLP hidden widths. input_dim, num_classes: flat features and classes.
+      image: the CNN's image shape `(H, W, C)` (`H * W * C == input_dim`; the data stay
+        flat, the model reshapes them); empty for dense models.
       clients: cohort size M = number of clients C (full participation).
       local_steps, batch_size: local work per client (minibatches drawn with replacement).
       per_client: examples per client (N_max).
@@ -63,10 +69,18 @@ class Workload:
     map_batch: int | None = 5
     hparams: tuple[tuple[str, Any], ...] = ()
     devices: int = 1
+    image: tuple[int, ...] = ()
 
     def __post_init__(self):
-        if self.model not in ("mlp", "logistic"):
-            raise ValueError(f"benchmark model must be 'mlp' or 'logistic', got {self.model!r}")
+        if self.model not in MODELS:
+            raise ValueError(f"benchmark model must be one of {MODELS}, got {self.model!r}")
+        if (self.model == "simple_cnn") != bool(self.image) or (
+            self.image and math.prod(self.image) != self.input_dim
+        ):
+            raise ValueError(
+                f"workload image {self.image} must be (H, W, C) with H * W * C = input_dim "
+                f"({self.input_dim}) for the CNN, and empty for dense models"
+            )
         for field in (
             "input_dim",
             "num_classes",
@@ -114,6 +128,7 @@ class Workload:
         d = dataclasses.asdict(self)
         d["hidden"] = list(self.hidden) if self.model == "mlp" else []
         d["hparams"] = dict(self.hparams)
+        d["image"] = list(self.image)
         return d
 
 
@@ -126,7 +141,32 @@ PRESETS: dict[str, Workload] = {
     "LR": Workload(
         "LR", model="logistic", input_dim=60, per_client=20, batch_size=10, map_batch=256
     ),
+    # pfl-research's CIFAR-10 benchmark: 1,000 users x 50 images, cohort 50, one epoch of
+    # batch 10 (5 steps), its 2-conv CNN (`models.simple_cnn`); random data of CIFAR's shape
+    "cifar_pfl": Workload(
+        "cifar_pfl",
+        model="simple_cnn",
+        image=(32, 32, 3),
+        input_dim=32 * 32 * 3,
+        clients=50,
+        local_steps=5,
+        batch_size=10,
+        per_client=50,
+        map_batch=1,
+    ),
     # tiny workloads for tests and smoke runs
+    "tiny-cnn": Workload(
+        "tiny-cnn",
+        model="simple_cnn",
+        image=(8, 8, 3),
+        input_dim=8 * 8 * 3,
+        num_classes=3,
+        clients=4,
+        local_steps=2,
+        batch_size=4,
+        per_client=8,
+        map_batch=2,
+    ),
     "tiny-mlp": Workload(
         "tiny-mlp",
         hidden=(16,),
@@ -159,24 +199,34 @@ def preset(name: str) -> Workload:
 
 
 # ------------------------------------------------------------------------------ flops
+def step_flops(macs: list[int], batch: int) -> int:
+    """Exact matmul FLOPs of one SGD step on a batch (multiply-add = 2) of layers doing
+    `macs[l]` multiply-adds per example: forward `2B sum macs`, weight gradients the same,
+    input gradients of every layer but the first (the data needs none) `2B sum_{l>=2} macs`."""
+    return 2 * batch * (2 * sum(macs) + sum(macs[1:]))
+
+
 def dense_step_flops(widths: tuple[int, ...], batch: int) -> int:
-    """Exact matmul FLOPs of one SGD step of a dense net on a batch (multiply-add = 2):
-    forward `2B sum in*out`, weight gradients the same, input gradients of every layer but
-    the first (the data needs none) `2B sum_{l>=2} in*out`."""
-    sizes = [a * b for a, b in zip(widths[:-1], widths[1:], strict=True)]
-    return 2 * batch * (2 * sum(sizes) + sum(sizes[1:]))
+    """`step_flops` of a dense net (`in * out` multiply-adds per layer)."""
+    return step_flops([a * b for a, b in zip(widths[:-1], widths[1:], strict=True)], batch)
+
+
+def layer_macs(w: Workload) -> list[int]:
+    """Multiply-adds per example of each matmul (or convolution) layer of the model."""
+    if w.model == "simple_cnn":
+        return conv_macs(w.image, w.num_classes)
+    return [a * b for a, b in zip(w.widths[:-1], w.widths[1:], strict=True)]
 
 
 def model_flops(w: Workload) -> int:
-    """FLOPs of a round in the usual `6 x batch x params-in-matmuls` convention (the issue's
-    ~382 GFLOP for W1); larger than the exact matmul count (`dense_step_flops`), which skips
-    the first layer's input gradient."""
-    sizes = [a * b for a, b in zip(w.widths[:-1], w.widths[1:], strict=True)]
-    return 6 * w.examples * sum(sizes)
+    """FLOPs of a round in the usual `6 x batch x multiply-adds per example` convention (for
+    dense nets `6 x batch x params-in-matmuls`, the issue's ~382 GFLOP for W1); larger than
+    the exact matmul count (`step_flops`), which skips the first layer's input gradient."""
+    return 6 * w.examples * sum(layer_macs(w))
 
 
 def exact_round_matmul_flops(w: Workload) -> int:
-    return w.client_steps * dense_step_flops(w.widths, w.batch_size)
+    return w.client_steps * step_flops(layer_macs(w), w.batch_size)
 
 
 # ------------------------------------------------------------------------------ building
@@ -189,6 +239,8 @@ class Built(NamedTuple):
 
 
 def make_model(w: Workload) -> Model:
+    if w.model == "simple_cnn":
+        return models.simple_cnn(w.image, w.num_classes)
     if w.model == "mlp":
         return models.mlp((w.input_dim,), w.num_classes, hidden=w.hidden)
     return models.logistic_regression((w.input_dim,), w.num_classes)
@@ -343,10 +395,12 @@ __all__ = [
     "data_bytes",
     "dense_step_flops",
     "exact_round_matmul_flops",
+    "layer_macs",
     "make_algorithm",
     "make_data",
     "make_model",
     "missing_required",
     "model_flops",
     "preset",
+    "step_flops",
 ]
