@@ -36,6 +36,7 @@ import numpy as np
 from fedjax_sim.algorithms import fedavg
 from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
 from fedjax_sim.algorithms.lora import lora_partition
+from fedjax_sim.app.bench.baselines import torch_device
 from fedjax_sim.app.bench.results import Recorder
 from fedjax_sim.data import markov_tokens
 from fedjax_sim.data.federated import tree_size_bytes
@@ -100,6 +101,7 @@ def torch_loop(m: int, repeats: int, data) -> dict:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    dev = torch_device(torch)
     d, heads, ff = SHAPE["d_model"], SHAPE["num_heads"], 4 * SHAPE["d_model"]
 
     class LoRALinear(nn.Module):  # peft's LoraLayer: frozen base, lora_A, lora_B (zeros)
@@ -139,12 +141,13 @@ def torch_loop(m: int, repeats: int, data) -> dict:
                 p.requires_grad_(False)
 
         def forward(self, x):
-            h = self.tok(x) + self.pos(torch.arange(x.shape[1]))
+            h = self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device))
             return self.head(self.ln(self.blocks(h)))
 
-    model = GPT()
+    model = GPT().to(dev)
     adapters = [p for p in model.parameters() if p.requires_grad]
-    xs, ys, counts = (np.asarray(a) for a in (data.x, data.y, data.counts))
+    xs, ys = (torch.from_numpy(np.asarray(a)).long().to(dev) for a in (data.x, data.y))
+    counts = np.asarray(data.counts)
     rng = np.random.default_rng(0)
 
     def client_update(i, global_adapters):
@@ -154,8 +157,8 @@ def torch_loop(m: int, repeats: int, data) -> dict:
         opt = torch.optim.SGD(adapters, lr=LR)
         for _ in range(STEPS):
             idx = rng.integers(0, counts[i], BATCH)
-            x = torch.from_numpy(xs[i, idx]).long()
-            y = torch.from_numpy(ys[i, idx]).long()
+            idx = torch.from_numpy(idx).to(dev)
+            x, y = xs[i, idx], ys[i, idx]
             logits = model(x)  # next token of every position: targets x[1:], then y
             targets = torch.cat([x[:, 1:], y[:, None]], 1)
             loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
@@ -174,6 +177,8 @@ def torch_loop(m: int, repeats: int, data) -> dict:
         with torch.no_grad():
             for p, t in zip(adapters, total, strict=True):
                 p.copy_(t)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
 
     one_round()  # warm-up
     times = []
@@ -186,6 +191,7 @@ def torch_loop(m: int, repeats: int, data) -> dict:
         "engine": "torch-loop",
         "torch": torch.__version__,
         "torch_threads": 1,
+        "torch_device": str(dev),
         "round_s": [round(t, 4) for t in times],
         "round_s_median": round(med, 4),
         "client_steps_per_s": round(m * STEPS / med, 1),

@@ -97,7 +97,9 @@ class TorchFedAvg:
     `params` is our flax parameter tree (`{"Dense_l": {"kernel": [in, out], "bias": [out]}}`,
     `Conv_l` kernels `[kh, kw, in, out]`); the torch model starts from the same weights.
     `indices [C, K, B]` fixes the minibatches (tests); without it each step draws
-    `torch.randint(0, n_i, (B,))` like a research loop.
+    `torch.randint(0, n_i, (B,))` like a research loop. On a GPU host (JAX's backend "gpu"
+    and a CUDA build of torch) the model, the data and the draws live on the GPU, and a round
+    ends with `torch.cuda.synchronize()` (its time includes the queued kernels).
     """
 
     def __init__(
@@ -118,15 +120,16 @@ class TorchFedAvg:
         self.torch = torch
         self.w = w
         self.threads = torch.get_num_threads()
-        self.generator = torch.Generator().manual_seed(seed)
-        self.model = torch_net(torch, w)
+        self.device = torch_device(torch)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.model = torch_net(torch, w).to(self.device)
         self.set_params(params)
         # per-client tensors, as a per-client Dataset would hold them
         x = np.array(x, np.float32)  # a writable copy (torch tensors share its memory)
         if w.model == "simple_cnn":  # [C, N, H * W * C] -> [C, N, C, H, W]
             x = x.reshape(*x.shape[:2], *w.image).transpose(0, 1, 4, 2, 3)
-        self.x = [torch.from_numpy(np.ascontiguousarray(xi)) for xi in x]
-        self.y = [torch.from_numpy(np.asarray(yi, np.int64)) for yi in np.asarray(y)]
+        self.x = [torch.from_numpy(np.ascontiguousarray(xi)).to(self.device) for xi in x]
+        self.y = [torch.from_numpy(np.asarray(yi, np.int64)).to(self.device) for yi in y]
         self.counts = [int(n) for n in np.asarray(counts)]
 
     def _layers(self) -> dict[str, Any]:
@@ -163,7 +166,7 @@ class TorchFedAvg:
         """The global model in our flax layout."""
         out = {}
         for name, layer in self._layers().items():
-            k = layer.weight.detach().numpy()
+            k = layer.weight.detach().cpu().numpy()
             if name.startswith("Conv"):
                 k = k.transpose(2, 3, 1, 0)
             elif name == "Dense_0" and self.w.model == "simple_cnn":
@@ -171,7 +174,7 @@ class TorchFedAvg:
                 k = k.T.reshape(c, h, w, -1).transpose(1, 2, 0, 3).reshape(h * w * c, -1)
             else:
                 k = k.T
-            out[name] = {"kernel": k.copy(), "bias": layer.bias.detach().numpy().copy()}
+            out[name] = {"kernel": k.copy(), "bias": layer.bias.detach().cpu().numpy().copy()}
         return out
 
     def round(self, indices: np.ndarray | None = None) -> None:
@@ -188,9 +191,11 @@ class TorchFedAvg:
             xi, yi = self.x[i], self.y[i]
             for k in range(w.local_steps):
                 if indices is None:
-                    idx = torch.randint(0, n, (w.batch_size,), generator=self.generator)
+                    idx = torch.randint(
+                        0, n, (w.batch_size,), generator=self.generator, device=self.device
+                    )
                 else:
-                    idx = torch.from_numpy(np.asarray(indices[i, k], np.int64))
+                    idx = torch.from_numpy(np.asarray(indices[i, k], np.int64)).to(self.device)
                 opt.zero_grad()
                 loss = f.cross_entropy(local(xi[idx]), yi[idx])
                 loss.backward()
@@ -201,6 +206,15 @@ class TorchFedAvg:
             n_total += n
         if n_total:
             self.model.load_state_dict({k: v / n_total for k, v in total.items()})
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
+def torch_device(torch: Any) -> Any:
+    """Where a torch peer runs: the GPU when JAX runs on one (and torch is a CUDA build), so
+    peers compare on the same hardware; else the CPU."""
+    gpu = jax.default_backend() == "gpu" and torch.cuda.is_available()
+    return torch.device("cuda" if gpu else "cpu")
 
 
 def torch_net(torch: Any, w: Workload) -> Any:

@@ -219,7 +219,11 @@ def measure_torch(
         times=t["times"],
         first_round_s=t["first_round_s"],
         peak=peak,
-        extra={"torch": torch.__version__, "torch_threads": peer.threads},
+        extra={
+            "torch": torch.__version__,
+            "torch_threads": peer.threads,
+            "torch_device": str(peer.device),
+        },
     )
 
 
