@@ -110,3 +110,10 @@ def test_render_says_the_confirming_run_is_missing():
     block = report.render(confirming)
     assert "not run**:" not in block
     assert block.startswith("**seeds 5-9 (fresh seeds, confirming run)")
+    # the same seeds with another tuner are a diagnostic, not the confirming run
+    other = _blob(np.full(5, 0.9), np.full(5, 0.1), first=5)
+    other["tuner_spec"] = other["tuner_spec"] | {"tolerance": 9.0}
+    block = report.render([other, *confirming])
+    assert block.startswith("**seeds 5-9 (fresh seeds, confirming run)")
+    assert "seeds 5-9 (fresh seeds, diagnostic); tuner window 10, step 0.3, earlier" in block
+    assert "Confirming run on fresh seeds: **not run**" in report.render([other])
