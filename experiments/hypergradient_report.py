@@ -31,6 +31,7 @@ import os
 from collections.abc import Iterable
 
 import numpy as np
+import readme_block
 
 from fedjax_sim.run.sweep import mean_ci
 
@@ -226,8 +227,7 @@ def render(blobs: list[dict]) -> str:
 
 
 def replace_block(text: str, block: str) -> str:
-    i, j = text.index(BEGIN) + len(BEGIN), text.index(END)
-    return text[:i] + "\n" + block + "\n" + text[j:]
+    return readme_block.replace_block(text, BEGIN, END, block)
 
 
 def main() -> None:
@@ -235,14 +235,7 @@ def main() -> None:
     p.add_argument("--write", action="store_true", help="write the block into README.md")
     p.add_argument("--results", default=RESULTS)
     args = p.parse_args()
-    block = render(load(args.results))
-    if not args.write:
-        print(block)
-        return
-    with open(README) as f:
-        text = f.read()
-    with open(README, "w") as f:
-        f.write(replace_block(text, block))
+    readme_block.print_or_write(render(load(args.results)), BEGIN, END, args.write, README)
 
 
 if __name__ == "__main__":
