@@ -21,6 +21,7 @@ import json
 import os
 
 import numpy as np
+import readme_block
 
 from fedjax_sim.run.sweep import mean_ci
 
@@ -141,8 +142,7 @@ def load(path: str = os.path.join(RESULTS, FILE)) -> dict | None:
 
 
 def replace_block(text: str, block: str) -> str:
-    i, j = text.index(BEGIN) + len(BEGIN), text.index(END)
-    return text[:i] + "\n" + block + "\n" + text[j:]
+    return readme_block.replace_block(text, BEGIN, END, block)
 
 
 def main() -> None:
@@ -150,14 +150,7 @@ def main() -> None:
     p.add_argument("--write", action="store_true", help="write the block into README.md")
     p.add_argument("--file", default=os.path.join(RESULTS, FILE))
     args = p.parse_args()
-    block = render(load(args.file))
-    if not args.write:
-        print(block)
-        return
-    with open(README) as f:
-        text = f.read()
-    with open(README, "w") as f:
-        f.write(replace_block(text, block))
+    readme_block.print_or_write(render(load(args.file)), BEGIN, END, args.write, README)
 
 
 if __name__ == "__main__":

@@ -298,7 +298,7 @@ def test_per_round_schedule_remat_truncation_and_forward_mode(x64, problem, targ
     objective = central_loss(MODEL, target)
     hp = {"lrs": jnp.linspace(0.03, 0.08, rounds), "server_lr": 0.9}
     key = jax.random.key(4)
-    full = differentiable_run(make_scheduled, objective, num_rounds=rounds)
+    full = differentiable_run(make_scheduled, objective, num_rounds=rounds, remat=None)
     value, grads = full.value_and_grad(hp, start(), problem.data, key)
     assert grads.hparams["lrs"].shape == (rounds,) and np.all(grads.hparams["lrs"] != 0)
     # one schedule entry against a central difference
@@ -307,14 +307,15 @@ def test_per_round_schedule_remat_truncation_and_forward_mode(x64, problem, targ
     up = full.value_and_grad({**hp, "lrs": hp["lrs"] + e}, start(), problem.data, key)[0]
     down = full.value_and_grad({**hp, "lrs": hp["lrs"] - e}, start(), problem.data, key)[0]
     assert rel_err(grads.hparams["lrs"][t], (up - down) / (2 * eps)) <= TOL
-    # remat in chunks of 2 (and a last chunk of 1) with window W = T == no remat, no window:
-    # 0 ulp measured, 8 allowed
-    v2, g2 = differentiable_run(
-        make_scheduled, objective, num_rounds=rounds, remat=2, window=rounds
-    ).value_and_grad(hp, start(), problem.data, key)
-    assert float(v2) == float(value)
-    for a, b in zip(jax.tree.leaves(g2), jax.tree.leaves(grads), strict=True):
-        np.testing.assert_allclose(a, b, rtol=8 * np.finfo(np.float64).eps, atol=0)
+    # remat in chunks of 2 (and a last chunk of 1) with window W = T, and the default (every
+    # round checkpointed) == no remat, no window: 0 ulp measured, 8 allowed
+    for kw in ({"remat": 2, "window": rounds}, {}):
+        v2, g2 = differentiable_run(
+            make_scheduled, objective, num_rounds=rounds, **kw
+        ).value_and_grad(hp, start(), problem.data, key)
+        assert float(v2) == float(value)
+        for a, b in zip(jax.tree.leaves(g2), jax.tree.leaves(grads), strict=True):
+            np.testing.assert_allclose(a, b, rtol=8 * np.finfo(np.float64).eps, atol=0)
     # truncation W = 1: the last lr's gradient is exact, the earlier ones and the initial
     # model's are zero, the server lr's (used in every round) is truncated
     v1, g1 = differentiable_run(
@@ -355,6 +356,7 @@ def test_bad_settings_are_refused_before_compiling(problem):
         differentiable_run(None, obj, num_rounds=3)
     assert remat_length("sqrt", 1000) == 32 and remat_length(None, 5) is None
     run = differentiable_run(make_scheduled, obj, num_rounds=3)
+    assert run.remat == 1  # the default: every round checkpointed (docs/design.md)
     data, key = problem.data, jax.random.key(0)
     for hp, match in [
         ({"lrs": jnp.full(4, 0.1), "server_lr": 1.0}, r"hparams\['lrs'\] has 4 entries"),

@@ -78,6 +78,17 @@ def test_tuner_errors():
         TunerSpec(backoff=1.0)
     with pytest.raises(ValueError, match="need 0 < lower < upper"):
         TunerSpec(lower=1.0, upper=0.5)
+    # remat: rounds per checkpointed chunk inside a window, as differentiable_run's
+    spec = TunerSpec(window=4)
+    with pytest.raises(ValueError, match=r"remat \(rounds per checkpointed chunk\) must be in "
+                                         r"\[1, 4\], got 0"):  # fmt: skip
+        hypergradient_tuner(make, obj, num_rounds=8, spec=spec, remat=0)
+    with pytest.raises(ValueError, match=r"must be in \[1, 4\], got 5"):
+        hypergradient_tuner(make, obj, num_rounds=8, spec=spec, remat=5)
+    with pytest.raises(ValueError, match="remat must be None, an int or 'sqrt'"):
+        hypergradient_tuner(make, obj, num_rounds=8, spec=spec, remat="log")
+    assert hypergradient_tuner(make, obj, num_rounds=8, spec=spec, remat="sqrt").remat == 2
+    assert hypergradient_tuner(make, obj, num_rounds=8, spec=spec).remat == 1  # the default
     tuner = hypergradient_tuner(make, obj, num_rounds=2)
     problem = least_squares(num_clients=4, examples_per_client=5, dim=DIM)
     with pytest.raises(ValueError, match="must be > 0"):

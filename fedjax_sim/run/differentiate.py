@@ -12,15 +12,16 @@ deterministic, differentiable function of every continuous hyper-parameter given
         return fedavg(model.loss, client_optimizer=array_schedule(hp["lrs"]),
                       server_optimizer=hp["server_lr"], local=LocalSpec(steps=5))
 
-    run = differentiable_run(make_algorithm, central_loss(model, test), num_rounds=T,
-                             remat="sqrt")
+    run = differentiable_run(make_algorithm, central_loss(model, test), num_rounds=T)
     value, grads = run.value_and_grad({"lrs": jnp.full(T, 0.1), "server_lr": 1.0},
                                       params, data, key)
     grads.hparams["lrs"]   # [T] d loss / d lr_t;  grads.params: d loss / d x_0
 
-Memory: reverse mode keeps the residuals of every round unless `remat=L`: the rounds run as
-chunks of L rounds under `jax.checkpoint`, so only the states at chunk boundaries (T / L of
-them) and one chunk's residuals are held; `remat="sqrt"` takes L = ceil(sqrt(T)). A
+Memory: the rounds run as chunks of `remat=L` rounds under `jax.checkpoint`, so reverse mode
+holds only the states at chunk boundaries (T / L of them) and one chunk's residuals; the
+default L = 1 keeps one state per round and recomputes each round once on the way back
+(docs/design.md, "Differentiable runs": why 1); `remat="sqrt"` takes L = ceil(sqrt(T)),
+`remat=None` keeps every round's residuals (the fastest on an accelerator while they fit). A
 truncation window `window=W` differentiates only the last W rounds: the state before them is
 a constant (`lax.stop_gradient`; the first T - W rounds run without tangents), the
 hyper-parameters still act on the last W rounds. `mode="forward"` computes the gradient with
@@ -243,8 +244,8 @@ class DifferentiableRun:
       objective: `final state -> real scalar`: `central_loss(model, test)`,
         `clients_loss(model, x, y, counts)`, or any function of the state.
       num_rounds: T >= 1.
-      remat: None (no rematerialisation), L in [1, T] rounds per `jax.checkpoint` chunk,
-        or "sqrt" (L = ceil(sqrt(T))).
+      remat: L in [1, T] rounds per `jax.checkpoint` chunk (default 1: every round),
+        "sqrt" (L = ceil(sqrt(T))) or None (no rematerialisation: every round's residuals).
       window: differentiate only the last W rounds (1 <= W <= T; W = T is the full gradient).
       mode: "reverse" (`jax.value_and_grad`) or "forward" (one `jax.jvp` per coordinate of
         the inputs in `wrt`: for a few scalar hyper-parameters).
@@ -263,7 +264,7 @@ class DifferentiableRun:
         objective: Objective,
         *,
         num_rounds: int,
-        remat: int | str | None = None,
+        remat: int | str | None = 1,
         window: int | None = None,
         mode: Mode = "reverse",
         wrt: Sequence[str] | str = WRT,

@@ -71,6 +71,7 @@ from fedjax_sim.run.differentiate import (
     _check_int,
     _numeric_leaves,
     one_model,
+    remat_length,
     run_rounds,
 )
 from fedjax_sim.run.simulate import INIT_PURPOSE
@@ -144,7 +145,7 @@ class Tuner:
             raise ValueError(
                 f"num_rounds {num_rounds} must be a multiple of the tuner's window {spec.window}"
             )
-        self.remat = remat
+        self.remat = remat_length(remat, spec.window)
         self._one = jax.jit(self._run)
         self._mapped: dict[tuple, Any] = {}  # (group, per-run params, model) -> jitted map
 
@@ -279,13 +280,14 @@ def hypergradient_tuner(
     *,
     num_rounds: int,
     spec: TunerSpec = TunerSpec(),
-    remat: int | None = None,
+    remat: int | str | None = 1,
 ) -> Tuner:
     """Online hypergradient descent on the positive hyper-parameters given to the tuner
     (e.g. `{"client_lr": ..., "server_lr": ...}`; `make_algorithm(hparams)` builds the
     algorithm from them) during a run of `num_rounds` rounds (a multiple of
     `spec.window`); `objective(state)` is the validation objective after each window;
-    `remat`: rounds per `jax.checkpoint` chunk inside a window."""
+    `remat`: rounds per `jax.checkpoint` chunk inside a window (as `differentiable_run`'s:
+    an int in [1, window], "sqrt" or None; default 1)."""
     if not callable(make_algorithm) or not callable(objective):
         raise ValueError("make_algorithm and objective must be callables")
     return Tuner(make_algorithm, objective, num_rounds, spec, remat)
