@@ -1,10 +1,11 @@
 """`ClientMap`: how a per-client function is mapped over the cohort axis.
 
 - `vmap`: one batched computation over all cohort clients. Fastest on GPU/TPU for small models.
-- `map`: `lax.scan` over chunks of `batch_size` clients, each chunk vmapped. Bounds memory to
-  `batch_size` model copies and is faster on CPU (measured on 2 CPU cores, a FedAvg round
-  of 1000 MLP 784-200-200-10 clients: vmap 9.5 s and 3.8 GB peak RSS, `map(batch_size=5)`
-  4.8 s; vmap streams 1000 parameter copies through memory every step).
+- `map`: `lax.scan` over chunks of `batch_size` clients, each chunk vmapped (a chunk of one
+  client is a plain call: `_chunk_fn` says why). Bounds memory to `batch_size` model copies
+  and is faster on CPU (measured on 2 CPU cores, a FedAvg round of 1000 MLP 784-200-200-10
+  clients: vmap 9.5 s and 3.8 GB peak RSS, `map(batch_size=5)` 4.8 s; vmap streams 1000
+  parameter copies through memory every step).
 - `auto` (default): measured. The first time a per-client function of a given structure and
   cohort size is mapped on a backend, `fedjax_sim.runtime.autotune` times `map` with chunks of 1, 4,
   16 and `vmap` and caches the fastest on disk (keyed by the structure and shapes of the
