@@ -7,12 +7,14 @@ with their HLO shapes. Fractions, not timings: nothing here is a result row.
     PYTHONPATH=$PWD python benchmarks/round_profile.py --workload cifar_pfl --map-batch 1 \\
         --devices 2
 
-Found on `cifar_pfl` (pfl's CIFAR CNN, map(batch_size=1), 2 host devices; 2 cores under
-heavy load, so memory-bound ops weigh more than on quiet cores), before the one-client
-chunk stopped vmapping: the conv-2 GEMMs (forward, input- and weight-gradient) ~37 %, its
-patch extraction (9 slices + concatenate) ~15 %, the col2im of its input gradient ~4 %,
-the dense kernel's transposed gradient-add and copy ~13 %, the dense GEMMs ~14 %, max-pool
-~5 %; sampling and aggregation < 2 %.
+Found on `cifar_pfl` (pfl's CIFAR CNN, map(batch_size=1), 2 host devices, one round; 2
+cores under heavy load, so memory-bound ops weigh more than on quiet cores). Before the
+one-client chunk stopped vmapping: conv-2 GEMMs 38 % (forward 10, weight gradient 19 with
+its g^T copy, input gradient 9), conv-2 patch extraction (9 slices + concatenate) 14 %, its
+col2im 4 %, the dense layer 27 % (13 of it the strided transposed add of its kernel
+gradient and a copy), conv 1 6 %, max-pool 4 %. After: conv-2 GEMMs 35 % (11, 13, 11),
+patch extraction 18 %, col2im 4 %, dense 23 % (its update 6 %, the per-step kernel copy
+3 %), conv 1 6 %, max-pool 5 %; sampling and aggregation < 3 % in both.
 """
 
 from __future__ import annotations
@@ -56,8 +58,10 @@ def group(line: str) -> str:
     op = op.group(1) if op else ""
     layer = re.findall(r"(Conv_\d+|Dense_\d+|reduce_max|_randint|_threefry\w*|gather)", op)
     side = "backward" if "transpose(jvp" in op else "forward"
-    if not layer:
-        return "outside the model" if "jvp" not in op else f"model {side}"
+    if not layer and "jvp" in op:
+        return f"model {side}"
+    if not layer:  # the local step's optimizer and loss, or the round around local training
+        return "local step, outside the model" if "while/body" in op else "round"
     name = {"reduce_max": "max-pool", "gather": "minibatch gather"}.get(layer[-1], layer[-1])
     return name if name.startswith(("_", "minibatch")) else f"{name} {side}"
 
