@@ -1,10 +1,11 @@
 """`ClientMap`: how a per-client function is mapped over the cohort axis.
 
 - `vmap`: one batched computation over all cohort clients. Fastest on GPU/TPU for small models.
-- `map`: `lax.scan` over chunks of `batch_size` clients, each chunk vmapped. Bounds memory to
-  `batch_size` model copies and is faster on CPU (measured on 2 CPU cores, a FedAvg round
-  of 1000 MLP 784-200-200-10 clients: vmap 9.5 s and 3.8 GB peak RSS, `map(batch_size=5)`
-  4.8 s; vmap streams 1000 parameter copies through memory every step).
+- `map`: `lax.scan` over chunks of `batch_size` clients, each chunk vmapped (a chunk of one
+  client is a plain call: `_chunk_fn` says why). Bounds memory to `batch_size` model copies
+  and is faster on CPU (measured on 2 CPU cores, a FedAvg round of 1000 MLP 784-200-200-10
+  clients: vmap 9.5 s and 3.8 GB peak RSS, `map(batch_size=5)` 4.8 s; vmap streams 1000
+  parameter copies through memory every step).
 - `auto` (default): measured. The first time a per-client function of a given structure and
   cohort size is mapped on a backend, `fedjax_sim.runtime.autotune` times `map` with chunks of 1, 4,
   16 and `vmap` and caches the fastest on disk (keyed by the structure and shapes of the
@@ -203,7 +204,7 @@ class ClientMap:
             with jax.named_scope("client_map=vmap"):
                 return jax.vmap(fn)(*xs)
         with jax.named_scope(f"client_map=map:{bs}"):
-            return lax.map(lambda args: fn(*args), xs, batch_size=bs)
+            return lax.map(lambda args: fn(*args), xs, batch_size=bs if bs > 1 else None)
 
     def map_sum(self, fn: Callable[..., tuple[Any, Any]], *xs: Any) -> tuple[Any, Any]:
         """For `fn(*x_i) -> (summand_i, out_i)`: `(sum_i summand_i, stacked out_i)`."""
@@ -221,7 +222,7 @@ class ClientMap:
     @staticmethod
     def _map_sum(fn: Callable[..., Any], xs: tuple, num: int, mode: str, bs: int) -> Any:
         """`map_sum` in a concrete mode."""
-        vfn = jax.vmap(fn)
+        vfn = _chunk_fn(fn, min(bs, num) if mode == "map" else num)
         if mode == "vmap" or bs >= num:
             summands, outs = vfn(*xs)
             return _sum0(summands), outs
@@ -315,6 +316,22 @@ def fit_client_map(
     if local <= fit:
         return ClientMap("vmap", mesh=mesh, axis=axis)
     return ClientMap("map", int(fit), mesh=mesh, axis=axis)
+
+
+def _chunk_fn(fn: Callable[..., Any], size: int) -> Callable[..., Any]:
+    """`fn` over a chunk of `size` clients (leading axis): `vmap`, or for one client a plain
+    call. A size-1 vmap axis is not free on XLA:CPU: it turns every weight-gradient dot into
+    a batched dot whose transposed output XLA no longer folds into the operands, so the
+    optimizer adds a strided transpose of each kernel's gradient per step (pfl's CIFAR CNN,
+    map(batch_size=1): 13 % of a round went to the dense kernel's transposed add and copy)."""
+    if size > 1:
+        return jax.vmap(fn)
+
+    def one(*chunk):
+        out = fn(*jax.tree.map(lambda a: a[0], chunk))
+        return jax.tree.map(lambda a: a[None], out)
+
+    return one
 
 
 def _pad_rows(a: jax.Array, rows: int) -> jax.Array:

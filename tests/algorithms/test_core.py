@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.extend import core as jex_core
 
 from fedjax_sim.algorithms import cohorts
 from fedjax_sim.algorithms.core import (
@@ -210,6 +211,31 @@ def test_client_map_map_sum_remainder():
         assert float(total) == 42.0
         np.testing.assert_array_equal(outs, np.arange(7.0) + 1)
         np.testing.assert_array_equal(cmap.map(lambda x: x * x, xs), np.arange(7.0) ** 2)
+
+
+def test_client_map_one_client_per_chunk_is_not_vmapped():
+    # a size-1 vmap axis makes every dot a batched dot (slow weight-gradient layouts on
+    # XLA:CPU); chunks of one client call the function on the client itself
+    def batch_dims(cmap):
+        def fn(x, w):  # per-client weights, as after a local step
+            return x @ w, jax.grad(lambda w_: jnp.sum(x @ w_))(w)
+
+        jaxpr = jax.make_jaxpr(lambda *a: (cmap.map_sum(fn, *a), cmap.map(fn, *a)))(
+            jnp.ones((4, 5, 3)), jnp.ones((4, 3, 2))
+        )
+        dots = [e for e in _equations(jaxpr.jaxpr) if e.primitive.name == "dot_general"]
+        assert dots
+        return {tuple(e.params["dimension_numbers"][1][0]) for e in dots}
+
+    assert batch_dims(ClientMap("map", 1)) == {()}
+    assert (0,) in batch_dims(ClientMap("map", 2))
+
+
+def _equations(jaxpr):
+    for e in jaxpr.eqns:
+        yield e
+        for sub in jex_core.jaxprs_in_params(e.params):
+            yield from _equations(sub)
 
 
 def test_weighted_mean_all_zero_weights_is_zero():
