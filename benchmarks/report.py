@@ -481,15 +481,23 @@ def lora_notes(rows: list[Row]) -> list[str]:
 GPU_BASELINES, GPU_COHORT = "gpu/h200_baselines", "gpu/h200_cohort"
 
 
+def peak_gib(r: Row) -> float:
+    """Peak device memory in GiB: as printed (rows made from a log: two decimals), else the
+    row's bytes rounded the same way."""
+    if "peak_memory_gib" in r:
+        return r["peak_memory_gib"]
+    return round(r["peak_memory_bytes"] / 2**30, 2)
+
+
 def device_gib(r: Row) -> str:
-    """Peak of JAX's allocator in the measuring process (`peak_memory_gib` as printed); not
-    the PyTorch loop's memory (torch's allocator is not read)."""
-    return "–" if r.get("engine") == "torch-loop" else num(r.get("peak_memory_gib"))
+    """Peak of JAX's allocator in the measuring process; not the PyTorch loop's memory
+    (torch's allocator is not read)."""
+    return "–" if r.get("engine") == "torch-loop" else num(peak_gib(r))
 
 
 def memory_floor_note(rows: list[Row]) -> str:
-    floor = min(r["peak_memory_gib"] for r in rows)
-    n = sum(r["peak_memory_gib"] == floor for r in rows)
+    floor = min(peak_gib(r) for r in rows)
+    n = sum(peak_gib(r) == floor for r in rows)
     torch = any(r["engine"] == "torch-loop" for r in rows)
     return (
         f"peak device memory: JAX's allocator peak (`peak_bytes_in_use`) in the measuring "
@@ -541,7 +549,7 @@ def gpu_cohort_notes(rows: list[Row]) -> list[str]:
             out.append(f"{name}: measured at M = {num(rs[0]['clients'])} only")
             continue
         a, b = rs[-2], rs[-1]
-        grown = (b["peak_memory_gib"] - a["peak_memory_gib"]) * 2**30
+        grown = (peak_gib(b) - peak_gib(a)) * 2**30
         slope = grown / (b["clients"] - a["clients"])
         data = client_bytes(b["workload"])
         out.append(
@@ -981,7 +989,7 @@ TABLES.update(
                 lambda x: num(x["p"]["flops"] / x["m"]["round_s_median"] / 1e12),
             ),
             ("projected memory GiB (M x (work + data))", lambda x: gib(x["memory"])),
-            ("H200 peak device GiB", lambda x: num(x["m"]["peak_memory_gib"])),
+            ("H200 peak device GiB", lambda x: num(peak_gib(x["m"]))),
         ],
         suites=("h100_projection", GPU_BASELINES, GPU_COHORT),
         where=h100_vs_h200_where,
