@@ -25,8 +25,13 @@ from fedjax_sim.app.bench.report import summary_text
 from fedjax_sim.app.bench.results import RESULTS, read_rows
 
 README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
-# figures drawn by `plots.plot_suite` from the rows of a table: table -> path under benchmarks/
-FIGURES: dict[str, str] = {"peers": "figures/peers.png"}
+# figures of client-steps/s vs the cohort size, one line per system (`plots.plot_suite`'s
+# baselines plot), from the rows of tables: path under benchmarks/ -> tables (a system's point
+# at a cohort is taken from the first table that has it)
+FIGURES: dict[str, tuple[str, ...]] = {
+    "figures/peers.png": ("peers",),
+    "figures/h200_peers.png": ("gpu_peers", "gpu_cohort"),
+}
 Row = dict[str, Any]
 Column = tuple[str, Callable[[Row], Any]]
 MEASURED = ("round", "measurement")
@@ -251,10 +256,13 @@ def warm_s(r: Row) -> str:
     return num(statistics.median(loads) if loads else r.get("warm_s_median"))
 
 
-def projected_ms(r: Row) -> str:
+def projected_s(r: Row) -> float:
     """Roofline: max(FLOPs / FP32 peak, bytes / HBM bandwidth)."""
-    memory_s = r["bytes_accessed"] / r["device"]["hbm_bytes_per_s"]
-    return num(max(r["bound_seconds_fp32"], memory_s) * 1e3)
+    return max(r["bound_seconds_fp32"], r["bytes_accessed"] / r["device"]["hbm_bytes_per_s"])
+
+
+def projected_ms(r: Row) -> str:
+    return num(projected_s(r) * 1e3)
 
 
 def device_speedup(r: Row) -> str:
@@ -460,12 +468,175 @@ def lora_notes(rows: list[Row]) -> list[str]:
     loop = next((r for r in rows if r.get("engine") == "torch-loop"), None)
     ours = loop and by.get(("lora", loop["cohort"]))
     if ours:
+        on = f", on {loop['torch_device']}" if loop.get("torch_device") else ""
         lines.append(
             f"fedjax_sim LoRA / PyTorch per-client LoRA loop ({loop['torch_threads']} thread, "
-            f"torch {loop['torch']}) at M={loop['cohort']}: "
+            f"torch {loop['torch']}{on}) at M={loop['cohort']}: "
             f"{ours['client_steps_per_s'] / loop['client_steps_per_s']:.2f}x client-steps/s"
         )
     return lines
+
+
+# --- one H200 GPU (benchmarks/results/gpu/: the lease's rows) ---------------------------
+GPU_BASELINES, GPU_COHORT = "gpu/h200_baselines", "gpu/h200_cohort"
+
+
+def peak_gib(r: Row) -> float:
+    """Peak device memory in GiB: as printed (rows made from a log: two decimals), else the
+    row's bytes rounded the same way."""
+    if "peak_memory_gib" in r:
+        return r["peak_memory_gib"]
+    return round(r["peak_memory_bytes"] / 2**30, 2)
+
+
+def device_gib(r: Row) -> str:
+    """Peak of JAX's allocator in the measuring process; not the PyTorch loop's memory
+    (torch's allocator is not read)."""
+    return "–" if r.get("engine") == "torch-loop" else num(peak_gib(r))
+
+
+def memory_floor_note(rows: list[Row]) -> str:
+    floor = min(peak_gib(r) for r in rows)
+    n = sum(peak_gib(r) == floor for r in rows)
+    torch = any(r["engine"] == "torch-loop" for r in rows)
+    return (
+        f"peak device memory: JAX's allocator peak (`peak_bytes_in_use`) in the measuring "
+        f"process, which also holds the same-process matmul-peak arrays: {num(floor)} GiB in "
+        f"{n} of {len(rows)} rows is that floor, not the configuration"
+        + ("; the PyTorch rows' is not torch's allocator (left out)" if torch else "")
+    )
+
+
+def missing_cells(rows: list[Row]) -> list[str]:
+    """Systems not measured at every cohort of the table (a run stopped by its cap)."""
+    cohorts = sorted({r["clients"] for r in rows})
+    out = []
+    for system in dict.fromkeys(r["system"] for r in rows):
+        have = {r["clients"] for r in rows if r["system"] == system}
+        if missing := [c for c in cohorts if c not in have]:
+            out.append(f"{system} at M = {', '.join(map(num, missing))}")
+    return out
+
+
+def gpu_peers_notes(rows: list[Row]) -> list[str]:
+    """The engine over each peer per cohort (medians), against issue 41's >= 1.5x the loop."""
+    lines = []
+    for m in sorted({r["clients"] for r in rows}):
+        at = [r for r in rows if r["clients"] == m]
+        best = min(r["round_s_median"] for r in at if r["engine"] == "fedjax_sim")
+        loop = next((r for r in at if r["engine"] == "python-loop"), None)
+        torch = [r for r in at if r["engine"] == "torch-loop"]
+        parts = []
+        if loop:
+            x = loop["round_s_median"] / best
+            verdict = "meets" if x >= 1.5 else "misses"
+            parts.append(f"**{times(x)} the per-client jitted loop** ({verdict} >= 1.5x)")
+        if torch:
+            fastest = min(r["round_s_median"] for r in torch)
+            parts.append(f"**{times(fastest / best)} the fastest PyTorch loop** (CUDA)")
+        lines.append(f"M = {num(m)}: the engine is " + ", ".join(parts))
+    if missing := missing_cells(rows):
+        lines.append("not measured (the run ended at its time cap first): " + "; ".join(missing))
+    lines.append(memory_floor_note(rows))
+    return lines
+
+
+def gpu_cohort_notes(rows: list[Row]) -> list[str]:
+    out = []
+    for name in dict.fromkeys(r["workload"]["name"] for r in rows):
+        rs = sorted((r for r in rows if r["workload"]["name"] == name), key=lambda r: r["clients"])
+        if len(rs) < 2:
+            out.append(f"{name}: measured at M = {num(rs[0]['clients'])} only")
+            continue
+        a, b = rs[-2], rs[-1]
+        grown = (peak_gib(b) - peak_gib(a)) * 2**30
+        slope = grown / (b["clients"] - a["clients"])
+        data = client_bytes(b["workload"])
+        out.append(
+            f"{name}: client-steps/s at M = {num(b['clients'])} / at M = {num(rs[0]['clients'])}: "
+            f"**{times(b['client_steps_per_s'] / rs[0]['client_steps_per_s'])}**; peak device "
+            f"memory slope between M = {num(a['clients'])} and {num(b['clients'])}: **"
+            f"{num(round(slope))} bytes per client**, client data {num(data)} bytes per client"
+        )
+    return [*out, memory_floor_note(rows)]
+
+
+def marginal_ratio(rows: list[Row], field: str) -> float | None:
+    """`field`'s bytes per added round over the last span of T over those of the span before
+    (three smallest-to-largest T): 1 for memory linear in T, 10^-1/2 for sqrt(T) over decades,
+    0 once it stops growing; None with fewer than three T, or no growth at all."""
+    rs = sorted(rows, key=lambda r: r["rounds"])
+    if len(rs) < 3:
+        return None
+    (a, b, c) = rs[-3:]
+    before = (b[field] - a[field]) / (b["rounds"] - a["rounds"])
+    last = (c[field] - b[field]) / (c["rounds"] - b["rounds"])
+    return None if before <= 0 else last / before
+
+
+def hypergradient_target_notes(rows: list[Row]) -> list[str]:
+    """Issue 36's target, per gradient variant: time <= 4x the forward pass at every T, and
+    XLA temp memory sublinear in T: constant, or its bytes per added round falling by more
+    than 10 % from one span of T to the next (linear growth keeps them equal)."""
+    lines = hypergradient_notes(rows)
+    ts = sorted({r["rounds"] for r in rows})
+    fast, sublinear = [], []
+    for variant in dict.fromkeys(r["variant"] for r in rows if r["gradient"]):
+        rs = [r for r in rows if r["variant"] == variant]
+        worst = max(r["ratio_to_forward"] for r in rs)
+        span = f"T = {num(min(r['rounds'] for r in rs))}-{num(max(r['rounds'] for r in rs))}"
+        constant = len({r["xla_temp_bytes"] for r in rs}) == 1 and len(rs) > 1
+        x = marginal_ratio(rs, "xla_temp_bytes")
+        if constant:
+            memory = "XLA temp constant in T"
+        elif x is None:
+            memory = "XLA temp growth: too few T to tell"
+        else:
+            memory = f"XLA temp bytes per added round, last span / the one before: {times(x)}"
+        lines.append(f"{variant}: at most **{times(worst)} forward** ({span}); {memory}")
+        fast += [variant] if worst <= 4 else []
+        sublinear += [variant] if constant or (x is not None and x < 0.9) else []
+    both = [v for v in fast if v in sublinear]
+    lines.append(
+        f"issue 36 target (<= 4x forward, memory sublinear in T): within 4x: "
+        f"{', '.join(fast) or 'none'}; memory sublinear: {', '.join(sublinear) or 'none'}; "
+        f"**both: {', '.join(both) or 'none'}**"
+    )
+    have = {(r["variant"], r["rounds"]) for r in rows}
+    missing = [f"T={t} {v}" for t in ts for v in dict.fromkeys(r["variant"] for r in rows)
+               if (v, t) not in have]  # fmt: skip
+    if missing:
+        lines.append("not measured (the part ended at its time cap first): " + ", ".join(missing))
+    return lines
+
+
+def projected(r: Row) -> tuple[str, int] | None:
+    """(workload, cohort) of a round the H100 projection bounds."""
+    if r["suite"] != "h100_projection":
+        return None
+    return r["workload"]["name"], r["workload"]["clients"]
+
+
+def h100_vs_h200_where(r: Row) -> bool:
+    """The projection's rows and the H200 engine rows of the same (workload, cohort)."""
+    if r["suite"] == "h100_projection":
+        return True
+    rounds = {projected(p) for p in read_rows(os.path.join(RESULTS, "h100_projection.jsonl"))}
+    return r.get("engine") == "fedjax_sim" and (r["workload"]["name"], r["clients"]) in rounds
+
+
+def h100_vs_h200(rows: list[Row]) -> list[Row]:
+    """One line per projected round that was measured on the H200 (best engine row)."""
+    out = []
+    for p in (r for r in rows if r["suite"] == "h100_projection"):
+        same = [r for r in rows if r["suite"] != "h100_projection"
+                and (r["workload"]["name"], r["clients"]) == projected(p)]  # fmt: skip
+        if same:
+            best = min(same, key=lambda r: r["round_s_median"])
+            per_client = p["per_client_work_bytes"] + p["per_client_data_bytes"]
+            memory = p["workload"]["clients"] * per_client
+            out.append({"p": p, "m": best, "bound_s": projected_s(p), "memory": memory})
+    return out
 
 
 TABLES: dict[str, Table] = {
@@ -772,6 +943,61 @@ TABLES: dict[str, Table] = {
 }
 
 
+TABLES.update(
+    gpu_peers=Table(
+        [
+            ("system", key("system")),
+            ("M", key("clients")),
+            ("s/round median", key("round_s_median")),
+            ("min", key("round_s_min")),
+            ("client-steps/s", key("client_steps_per_s")),
+            ("round time / best engine's", key("vs_best_engine", times)),
+            ("compile s", key("compile_s")),
+            ("peak device GiB", device_gib),
+        ],
+        suites=(GPU_BASELINES,),
+        pivot=peers_rows,
+        notes=gpu_peers_notes,
+    ),
+    gpu_cohort=Table(
+        [
+            ("workload", lambda r: r["workload"]["name"]),
+            ("M", key("clients")),
+            ("compile s", key("compile_s")),
+            ("s/round median", key("round_s_median")),
+            ("min", key("round_s_min")),
+            ("client-steps/s", key("client_steps_per_s")),
+            ("peak device GiB", device_gib),
+        ],
+        suites=(GPU_COHORT,),
+        notes=gpu_cohort_notes,
+    ),
+    # the CPU tables' columns, on the lease's rows
+    gpu_hypergradient=TABLES["hypergradient_cost"]._replace(
+        suites=("gpu/h200_hypergradient_cost",), notes=hypergradient_target_notes
+    ),
+    gpu_lora=TABLES["lora_cohort"]._replace(suites=("gpu/h200_lora_cohort",)),
+    h100_vs_h200=Table(
+        [
+            ("round", lambda x: x["p"]["label"]),
+            ("cohort M", lambda x: num(x["m"]["clients"])),
+            ("H100 projected round >= ms", lambda x: num(x["bound_s"] * 1e3)),
+            ("H200 measured ms (median)", lambda x: num(x["m"]["round_s_median"] * 1e3)),
+            ("measured / projected", lambda x: times(x["m"]["round_s_median"] / x["bound_s"])),
+            (
+                "XLA:CPU FLOP count / measured time, TFLOP/s",
+                lambda x: num(x["p"]["flops"] / x["m"]["round_s_median"] / 1e12),
+            ),
+            ("projected memory GiB (M x (work + data))", lambda x: gib(x["memory"])),
+            ("H200 peak device GiB", lambda x: num(peak_gib(x["m"]))),
+        ],
+        suites=("h100_projection", GPU_BASELINES, GPU_COHORT),
+        where=h100_vs_h200_where,
+        pivot=h100_vs_h200,
+    ),
+)
+
+
 def record(rows: list[Row]) -> str:
     """One line per distinct (commit, command): where the numbers come from."""
     seen: dict[tuple[str, str], list[Row]] = {}
@@ -800,6 +1026,18 @@ def record(rows: list[Row]) -> str:
             f"command: `{command}`."
         )
     return "\n".join(f"<sub>{line}</sub>\n" for line in lines).rstrip("\n")
+
+
+def figure_rows(names: tuple[str, ...]) -> list[Row]:
+    """The rows of the tables `names`, one per (workload, cohort, system): the first's."""
+    seen, out = set(), []
+    for r in (r for name in names for r in table_rows(name)):
+        if r["kind"] in MEASURED:
+            k = (r["workload"]["name"], r["clients"], r.get("system", r["label"]))
+            if k not in seen:
+                seen.add(k)
+                out.append(r)
+    return out
 
 
 def sources(name: str) -> tuple[str, ...]:
@@ -857,8 +1095,8 @@ def main(argv: list[str] | None = None) -> int:
         f.write(new)
     from fedjax_sim.app.bench.plots import plot_suite  # matplotlib: only when writing
 
-    for name, path in FIGURES.items():
-        plot_suite(sources(name)[0], table_rows(name), os.path.join(os.path.dirname(README), path))
+    for path, names in FIGURES.items():
+        plot_suite("baselines", figure_rows(names), os.path.join(os.path.dirname(README), path))
     return 0
 
 

@@ -238,6 +238,7 @@ BAD_34: list[tuple[list[str], str]] = [
     (["bench", "--map-batches", "0"], "--map-batches"),
     (["bench", "--memory-rounds", "0"], "--memory-rounds"),
     (["bench", "--torch-threads", "0"], "--torch-threads"),
+    (["bench", "--peer-max-cohort", "0"], "--peer-max-cohort"),
     (["bench", "--repeats", "abc"], "--repeats"),
     (["bench", "--mode", "pmap"], "--mode"),
     (["bench", "--hidden", "0"], "--hidden"),

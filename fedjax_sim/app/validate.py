@@ -103,6 +103,7 @@ RULES: dict[str, Range] = {
     "max_round_s": POSITIVE,
     "peak_n": POSITIVE_INT,
     "torch_threads": POSITIVE_INT,
+    "peer_max_cohort": POSITIVE_INT,
 }
 
 # Output-folder fields: checked to be creatable and writable before any work starts.

@@ -78,13 +78,25 @@ def test_replace_rows_is_plain_json_lines(tmp_path):
 
 
 def test_committed_results_follow_the_schema():
-    """Every file in benchmarks/results/ is one suite's rows, each stamped."""
+    """Every file in benchmarks/results/ is one suite's rows, each stamped; a folder holds
+    another machine's: `<machine>_<suite>.jsonl` rows and the raw `*_log.txt` logs they come
+    from (e.g. `gpu/`)."""
     names = sorted(os.listdir(results.RESULTS))
     assert names, "benchmarks/results/ is empty"
     for name in names:
+        path = os.path.join(results.RESULTS, name)
         if name.startswith("."):
             continue
+        if os.path.isdir(path):
+            for inner in sorted(os.listdir(path)):
+                if inner.endswith("_log.txt"):
+                    continue
+                assert inner.endswith(".jsonl") and "_" in inner, f"{name}/{inner}"
+                for row in read_rows(os.path.join(path, inner)):
+                    validate_row(row)
+                    assert row["suite"] == inner.removesuffix(".jsonl").split("_", 1)[1]
+            continue
         assert name.endswith(".jsonl"), f"benchmarks/results/{name} is not a suite's rows"
-        for row in read_rows(os.path.join(results.RESULTS, name)):
+        for row in read_rows(path):
             validate_row(row)
             assert row["suite"] == name.removesuffix(".jsonl")

@@ -12,9 +12,9 @@ import pytest
 
 from fedjax_sim import algorithms
 from fedjax_sim.algorithms import fedavg
-from fedjax_sim.app.bench import baselines, runner, suites
+from fedjax_sim.app.bench import baselines, results, runner, suites
 from fedjax_sim.app.bench.config import BenchConfig
-from fedjax_sim.app.bench.results import read_rows, validate_row
+from fedjax_sim.app.bench.results import read_rows, replace_rows, validate_row
 from fedjax_sim.app.bench.workloads import (
     Workload,
     algorithm_kwargs,
@@ -300,3 +300,60 @@ def test_pfl_row_is_skipped_naming_the_venv_recipe():
     row = runner.measure_pfl(preset("tiny-mlp"), python="/nonexistent/python", peak=PEAK)
     assert row["kind"] == "skipped" and "benchmarks/peers/pfl_venv.sh" in row["reason"]
     validate_row(row, stamped=False)
+
+
+def test_rows_are_written_as_they_are_measured(tmp_path, cheap):
+    """A run stopped after its second measurement (here by the log, as a time cap or ^C would
+    stop it) keeps both rows on disk, stamped and valid: the one of an old row's label
+    replaces it in place, the old row of another label stays."""
+    path = tmp_path / "cohort.jsonl"
+    old = {"kind": "skipped", "suite": "cohort", "time": "t", "commit": "old", "reason": "x"}
+    old.update(machine=results.UNKNOWN, load=results.UNKNOWN, command="python old")
+    replace_rows(str(path), [{**old, "label": "tiny-lr M=2 vmap"}, {**old, "label": "other"}])
+    printed = []
+
+    def log(line):
+        printed.append(line)
+        if len([p for p in printed if p.startswith("[cohort]")]) == 2:
+            raise KeyboardInterrupt
+
+    cfg = BenchConfig(
+        suite=("cohort",),
+        cohort_workloads=("tiny-lr",),
+        mode="vmap",
+        cohorts=(2, 3, 4),
+        isolate=False,
+        flops=False,
+        plots=False,
+        peak_n=64,
+        out=str(tmp_path),
+    )
+    with pytest.raises(KeyboardInterrupt):
+        suites.run(cfg, log=log)
+    rows = read_rows(str(path))
+    assert [r["label"] for r in rows] == ["tiny-lr M=2 vmap", "other", "tiny-lr M=3 vmap"]
+    assert [r["kind"] for r in rows] == ["round", "skipped", "round"]
+    assert rows[1]["commit"] == "old" and rows[0]["commit"] != "old"
+    for row in rows:
+        validate_row(row)
+    assert [r["clients"] for r in rows if r["kind"] == "round"] == [2, 3]
+
+
+def test_peers_over_the_cap_or_without_runtime_are_skipped_without_a_process(
+    tmp_path, monkeypatch
+):
+    def no_process(*args, **kwargs):
+        raise AssertionError("a worker process was started")
+
+    monkeypatch.setattr(suites, "run_isolated", no_process)
+    cfg = BenchConfig(peer_max_cohort=2, pfl_python="/nonexistent/python", out=str(tmp_path))
+    s = suites.Session(cfg, log=lambda line: None)
+    w = preset("tiny-mlp").replace(algorithm="fedavg")
+    torch = s.measure("torch", w.replace(clients=3), "baselines", "torch M=3")
+    assert torch["kind"] == "skipped"
+    assert torch["reason"] == "not run: cohort 3 > --peer-max-cohort 2"
+    pfl = s.measure("pfl", w.replace(clients=2), "baselines", "pfl M=2", tags={"system": "p"})
+    assert pfl["kind"] == "skipped" and "benchmarks/peers/pfl_venv.sh" in pfl["reason"]
+    assert pfl["system"] == "p"
+    assert s.not_run("engine", w.replace(clients=3)) is None
+    assert s.not_run("loop", w.replace(clients=3)) is None

@@ -17,7 +17,13 @@ def _plt():
 
 
 def _measured(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in rows if r["kind"] == "round"]
+    """Measured rounds: `round` rows, and `measurement` rows with a round's throughput (e.g.
+    rows made from printed lines)."""
+    return [
+        r
+        for r in rows
+        if r["kind"] == "round" or (r["kind"] == "measurement" and "client_steps_per_s" in r)
+    ]
 
 
 def plot_suite(suite: str, rows: list[dict[str, Any]], path: str) -> str | None:

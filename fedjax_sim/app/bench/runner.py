@@ -119,6 +119,19 @@ def skipped_row(suite: str, label: str, w: Workload | None, reason: str, **extra
     }
 
 
+def peer_missing(task: str, python: str | None = None) -> str | None:
+    """Why a peer cannot run here (its runtime is missing), else None: `task` "torch" (the
+    optional extra `peers`) or "pfl" (its venv; `python` as `measure_pfl` takes it)."""
+    if task == "torch" and not extras.installed("peers"):
+        return extras.message("peers", "the PyTorch baseline")
+    if task == "pfl" and baselines.pfl_python(python) is None:
+        return (
+            f"no pfl-research venv ({python or baselines.PFL_VENV_PYTHON} missing): "
+            "run benchmarks/peers/pfl_venv.sh"
+        )
+    return None
+
+
 def measure_engine(
     w: Workload,
     *,
@@ -200,8 +213,9 @@ def measure_torch(
     threads: int | None = None,
 ) -> dict[str, Any]:
     """The plain PyTorch per-client FedAvg loop (skipped row if torch is missing)."""
-    if not extras.installed("peers"):
-        return skipped_row(suite, label, w, extras.message("peers", "the PyTorch baseline"))
+    missing = peer_missing("torch")
+    if missing:
+        return skipped_row(suite, label, w, missing)
     peak = peak or measure.matmul_peak()
     b = build(w.replace(algorithm="fedavg", devices=1))
     x, y, counts = (np.asarray(a) for a in (b.data.x, b.data.y, b.data.counts))
@@ -240,14 +254,11 @@ def measure_pfl(
     """pfl-research's FedAvg (`baselines.run_pfl`): `repeats + 1` central iterations in one
     pfl process, the first reported as `first_round_s`; peak memory is that process's.
     Skipped row if the pfl venv is missing."""
-    exe = baselines.pfl_python(python)
-    if exe is None:
-        reason = (
-            f"no pfl-research venv ({python or baselines.PFL_VENV_PYTHON} missing): "
-            "run benchmarks/peers/pfl_venv.sh"
-        )
-        return skipped_row(suite, label, w, reason)
+    missing = peer_missing("pfl", python)
+    if missing:
+        return skipped_row(suite, label, w, missing)
     peak = peak or measure.matmul_peak()
+    exe = baselines.pfl_python(python)
     out = baselines.run_pfl(baselines.pfl_spec(w, repeats + 1, threads), exe)
     laps = out["round_s"]
     row = round_row(

@@ -6,7 +6,8 @@ machine down: before launching, the memory of the configuration is estimated
 (`estimate_bytes`: data + chunk x per-client working set from XLA's buffer assignment + the
 process baseline) and configurations above the budget are skipped with the reason; while it
 runs a watchdog kills it at 1.25x the budget. Results go to `<out>/<suite>.jsonl`, a PNG
-plot and a markdown table per suite.
+plot and a markdown table per suite. Each row is written as soon as it is measured
+(`Session.keep`), so a run stopped by a time cap or an interrupt keeps every finished row.
 """
 
 from __future__ import annotations
@@ -178,17 +179,56 @@ def run_isolated(spec: dict[str, Any], kill_bytes: int, timeout_s: float) -> dic
 
 
 class Session:
-    """Runs measurements for the suites of one `fedjax-sim bench` call."""
+    """Runs measurements for the suites of one `fedjax-sim bench` call. With `stamped` (the
+    run's `results.stamp()`), every row is written to `<out>/<suite>.jsonl` when measured."""
 
-    def __init__(self, cfg: BenchConfig, log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        cfg: BenchConfig,
+        log: Callable[[str], None] = print,
+        stamped: dict[str, Any] | None = None,
+    ):
         validate.check_fields(cfg)  # e.g. --repeats >= 3 (median and min over >= 3)
         self.cfg = cfg
         self.log = log
+        self.stamped = stamped
         self.budget = (
             int(cfg.memory_budget_gb * GiB) if cfg.memory_budget_gb else default_budget_bytes()
         )
 
-    def measure(self, task: str, w: Workload, suite: str, label: str, **extra: Any) -> dict:
+    def keep(self, *rows: dict) -> None:
+        """Writes `rows` now, stamped, into `<out>/<suite>.jsonl` (replacing the rows of their
+        labels, keeping the others): a run stopped before its end keeps every row it finished.
+        `run` writes them again at the end with what the suite derives from them (ratios,
+        summaries). Nothing is written by a session without a stamp."""
+        if self.stamped is None:
+            return
+        for suite in dict.fromkeys(r["suite"] for r in rows):
+            mine = [r for r in rows if r["suite"] == suite]
+            replace_rows(os.path.join(self.cfg.out, f"{suite}.jsonl"), finish(mine, self.stamped))
+
+    def not_run(self, task: str, w: Workload) -> str | None:
+        """Why a peer is not measured, decided without starting its process (which would
+        import JAX and hold the accelerator for nothing): a cohort above
+        `--peer-max-cohort`, or a missing runtime (torch, the pfl venv)."""
+        if task not in ("torch", "pfl"):
+            return None
+        cap = self.cfg.peer_max_cohort
+        if cap is not None and w.clients > cap:
+            return f"not run: cohort {w.clients} > --peer-max-cohort {cap}"
+        return runner.peer_missing(task, self.cfg.pfl_python)
+
+    def measure(
+        self,
+        task: str,
+        w: Workload,
+        suite: str,
+        label: str,
+        tags: dict[str, Any] | None = None,
+        **extra: Any,
+    ) -> dict:
+        """One measurement (in its own process with `--isolate`) -> its row, logged and
+        written; `tags` are fields added to the row, `extra` goes to the worker's spec."""
         cfg = self.cfg
         spec = {
             "task": task,
@@ -201,7 +241,10 @@ class Session:
             **extra,
         }
         est = estimate_bytes(w, per_client_bytes(w)) if task in ("engine", "rounds") else 0
-        if est > self.budget:
+        reason = self.not_run(task, w)
+        if reason:
+            row = runner.skipped_row(suite, label, w, reason)
+        elif est > self.budget:
             row = runner.skipped_row(
                 suite,
                 label,
@@ -217,7 +260,14 @@ class Session:
         if est:
             row["estimated_bytes"] = est
         row["isolated"] = cfg.isolate
+        row.update(tags or {})
+        return self.done(row)
+
+    def done(self, row: dict) -> dict:
+        """A finished row: validated, written (`keep`), then logged (a printed row is on
+        disk)."""
         validate_row(row, stamped=False)
+        self.keep(row)
         self.log(report.one_line(row))
         return row
 
@@ -309,13 +359,14 @@ def suite_baselines(s: Session) -> list[dict]:
         measured: dict[int, dict] = {}
         for j in order:
             task, w, label, extra = systems[j]
-            measured[j] = s.measure(task, w, "baselines", label + tag, **extra)
+            tags = {"cohort_run": run, "system": label} if run else None
+            measured[j] = s.measure(task, w, "baselines", label + tag, tags=tags, **extra)
         cohort_rows = [measured[j] for j in range(len(systems))]
-        cohort_rows.append(_summary(speedups(cohort_rows, f"speedups{tag}")))
+        summary = _summary(speedups(cohort_rows, f"speedups{tag}"))
         if run:
-            for row, system in zip(cohort_rows, [x[2] for x in systems] + [None], strict=True):
-                row.update(cohort_run=run, **({"system": system} if system else {}))
-        rows += cohort_rows
+            summary["cohort_run"] = run
+        s.keep(summary)
+        rows += [*cohort_rows, summary]
     return rows
 
 
@@ -377,9 +428,7 @@ def _sweep(s: Session, suite: str, points: list[Point], *, scale: Callable) -> l
         if stop is not None:
             row = runner.skipped_row(suite, label, w, f"not run: {stop}")
             row["isolated"] = s.cfg.isolate
-            validate_row(row, stamped=False)
-            s.log(report.one_line(row))
-            rows.append(row)
+            rows.append(s.done(row))
             continue
         row = s.measure("engine", w, suite, label)
         rows.append(row)
@@ -517,10 +566,11 @@ def _summary(row: dict[str, Any]) -> dict[str, Any]:
 
 def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str, list[dict]]:
     """Runs the configured suites; writes `<out>/<suite>.jsonl` (rows stamped with commit,
-    machine, load and command; a re-run replaces the rows of the labels it measures again),
-    `.md` and `.png`."""
+    machine, load and command; each row as soon as it is measured, all of them again when the
+    suite ends; a re-run replaces the rows of the labels it measures again), `.md` and
+    `.png`."""
     stamped = stamp()
-    session = Session(cfg, log)
+    session = Session(cfg, log, stamped)
     log(
         f"fedjax-sim bench: suites {', '.join(cfg.suite)}; memory budget "
         f"{session.budget / GiB:.1f} GiB; machine {json.dumps(measure.machine_info())}"
