@@ -10,7 +10,6 @@ sizes (pfl's benchmark weights users equally): ours equals the NumPy reference t
 and pfl's update equals both when `.venv-pfl` exists (`.ci/run` builds it).
 """
 
-
 import jax
 import numpy as np
 import pytest
@@ -186,8 +185,7 @@ def test_pfl_fedavg_matches_ours_and_numpy(equal, tmp_path):
     baselines.run_pfl(spec, baselines.pfl_python())
     out = np.load(spec["out"])
     theirs = {
-        f"Dense_{i}": {"kernel": out[f"p{2 * i}"].T, "bias": out[f"p{2 * i + 1}"]}
-        for i in range(2)
+        f"Dense_{i}": {"kernel": out[f"p{2 * i}"].T, "bias": out[f"p{2 * i + 1}"]} for i in range(2)
     }
     assert_params_close(equal["ours"], theirs, tol=1e-5)
     ref = numpy_fedavg(p, equal["x"], equal["y"], EQUAL, idx, CLIENT_LR)

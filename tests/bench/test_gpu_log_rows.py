@@ -28,9 +28,8 @@ def printed(suite: str, label: str, median: float, steps: float, gib: float) -> 
 
 
 def header(load: float) -> str:
-    return (
-        "fedjax-sim bench: suites baselines; memory budget 60.0 GiB; machine "
-        + json.dumps({**MACHINE, "load_avg_1m": load})
+    return "fedjax-sim bench: suites baselines; memory budget 60.0 GiB; machine " + json.dumps(
+        {**MACHINE, "load_avg_1m": load}
     )
 
 

@@ -339,9 +339,7 @@ def test_rows_are_written_as_they_are_measured(tmp_path, cheap):
     assert [r["clients"] for r in rows if r["kind"] == "round"] == [2, 3]
 
 
-def test_peers_over_the_cap_or_without_runtime_are_skipped_without_a_process(
-    tmp_path, monkeypatch
-):
+def test_peers_over_the_cap_or_without_runtime_are_skipped_without_a_process(tmp_path, monkeypatch):
     def no_process(*args, **kwargs):
         raise AssertionError("a worker process was started")
 
