@@ -24,6 +24,7 @@ from fedjax_sim.algorithms.core import Algorithm, global_model, tree_all_finite
 from fedjax_sim.data.federated import ArrayData, FederatedData
 from fedjax_sim.models.base import Model
 from fedjax_sim.run.evaluation import (  # noqa: F401 (client_stats: re-exported)
+    client_rows,
     client_stats,
     evaluate_central,
     evaluate_clients,
@@ -47,7 +48,9 @@ class EvalSpec:
       central: evaluate on the central test set (if given).
       clients: evaluate on each client's test split (if the data has one).
       train: evaluate the global training objective on every client's training data.
-      batch_size: central-evaluation batch size.
+      batch_size: central-evaluation batch size; also the most rows a per-client
+        evaluation (`clients`, `train`) evaluates at once over the whole cohort
+        (`evaluation.client_rows`).
       extra: optional jittable `extra(params, data, test) -> {name: scalar}` merged into
         every evaluation row (e.g. `fedjax_sim.run.dro.dro_evaluator(...)`: worst-group metrics).
       personal: evaluate each client's own model (`Algorithm.personalize`; the global model
@@ -258,12 +261,14 @@ def compiled_evaluator(model: Model, spec: EvalSpec, client_map: ClientMap, has_
                     data.test_counts,
                     client_map,
                     distribution=spec.personal,  # the global model beside the personal ones
+                    rows=client_rows(data.x_test, spec.batch_size),
                 )
             )
         if spec.train:
             stats = evaluate_clients(
-                model, params, data.x, data.y, data.counts, client_map, prefix="train"
-            )
+                model, params, data.x, data.y, data.counts, client_map, prefix="train",
+                rows=client_rows(data.x, spec.batch_size),
+            )  # fmt: skip
             out["train_objective"] = stats["train_loss_pooled"]
             out["train_accuracy_worst"] = stats["train_accuracy_worst"]
         if spec.extra is not None:
