@@ -11,7 +11,6 @@ from fedjax_sim import EvalSpec, NonFiniteError, simulate
 from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg
 from fedjax_sim.data import ArrayData, least_squares, load_digits
 from fedjax_sim.models import linear_regression, mlp
-from fedjax_sim.run import evaluation
 from fedjax_sim.run.history import History
 from fedjax_sim.run.simulate import client_stats, evaluate_central, evaluate_clients
 
@@ -224,7 +223,7 @@ def test_evaluate_clients_summaries():
 
 def test_evaluate_clients_in_row_blocks_match_whole_clients():
     """Blocks of 3 rows (padded, 7 rows per client) give the NumPy sums of each client's
-    valid rows, as the whole-client evaluation does; `client_rows` bounds C x rows."""
+    valid rows, as the whole-client evaluation does (`EvalSpec.client_rows`)."""
     model = linear_regression(1)
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=(3, 7, 1)), jnp.float32)
@@ -238,8 +237,8 @@ def test_evaluate_clients_in_row_blocks_match_whole_clients():
     for out in (whole, blocked):
         np.testing.assert_allclose(out["loss"], ref, rtol=1e-6)
         np.testing.assert_array_equal(out["count"], [7, 5, 0])
-    assert evaluation.client_rows(x, 21) is None and evaluation.client_rows(x, 20) == 6
-    assert evaluation.client_rows(x, 2) == 1
+    with pytest.raises(ValueError, match="client_rows"):
+        EvalSpec(client_rows=0)
 
 
 def test_evaluate_central_batches_match_single_batch():

@@ -91,15 +91,6 @@ def evaluate_client(
     return jax.tree.map(lambda a: jnp.sum(a, 0), sums)
 
 
-def client_rows(x: jax.Array, budget: int) -> int | None:
-    """Rows per block (`evaluate_client`) keeping a whole cohort's evaluation `x [C, N_max,
-    ...]` within `budget` rows at once (`EvalSpec.batch_size`, as the central evaluation's
-    batches); None where all of it fits. Without it, a vmapped per-client evaluation of a
-    transformer on 64 Shakespeare clients (203 windows each) took ~5 GB per run."""
-    c, n = x.shape[0], x.shape[1]
-    return None if c * n <= budget else max(1, budget // c)
-
-
 def client_summary(
     stats: dict[str, jax.Array], counts: jax.Array, prefix: str, distribution: bool = False
 ) -> dict[str, jax.Array]:
