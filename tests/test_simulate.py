@@ -12,7 +12,7 @@ from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg
 from fedjax_sim.data import ArrayData, least_squares, load_digits
 from fedjax_sim.models import linear_regression, mlp
 from fedjax_sim.run.history import History
-from fedjax_sim.run.simulate import evaluate_central, evaluate_clients
+from fedjax_sim.run.simulate import client_stats, evaluate_central, evaluate_clients
 
 
 @pytest.fixture(scope="module")
@@ -219,6 +219,26 @@ def test_evaluate_clients_summaries():
     ]
     np.testing.assert_allclose(out["client_loss_mean"], np.mean(losses), rtol=1e-6)
     np.testing.assert_allclose(out["client_loss_worst"], max(losses), rtol=1e-6)
+
+
+def test_evaluate_clients_in_row_blocks_match_whole_clients():
+    """Blocks of 3 rows (padded, 7 rows per client) give the NumPy sums of each client's
+    valid rows, as the whole-client evaluation does (`EvalSpec.client_rows`)."""
+    model = linear_regression(1)
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(3, 7, 1)), jnp.float32)
+    y = jnp.asarray(rng.normal(size=(3, 7)), jnp.float32)
+    counts = jnp.array([7, 5, 0])
+    params = {"w": jnp.array([0.5])}
+    whole = client_stats(model, params, x, y, counts)
+    blocked = client_stats(model, params, x, y, counts, rows=3)
+    valid = np.arange(7)[None, :] < np.asarray(counts)[:, None]
+    ref = np.sum(0.5 * (0.5 * np.asarray(x)[..., 0] - np.asarray(y)) ** 2 * valid, 1)
+    for out in (whole, blocked):
+        np.testing.assert_allclose(out["loss"], ref, rtol=1e-6)
+        np.testing.assert_array_equal(out["count"], [7, 5, 0])
+    with pytest.raises(ValueError, match="client_rows"):
+        EvalSpec(client_rows=0)
 
 
 def test_evaluate_central_batches_match_single_batch():

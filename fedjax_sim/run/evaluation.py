@@ -60,19 +60,35 @@ def client_stats(
     y: jax.Array,
     counts: jax.Array,
     client_map: ClientMap = ClientMap(),
+    rows: int | None = None,
 ) -> dict[str, jax.Array]:
     """`[C]` sums over each client's valid rows of the global model's `loss`, `correct` and
-    `count` (`Model.evaluate` per client)."""
-    return client_map.map(lambda xc, yc, n: evaluate_client(model, params, xc, yc, n), x, y, counts)
+    `count` (`Model.evaluate` per client, in blocks of `rows` rows: `evaluate_client`)."""
+    one = lambda xc, yc, n: evaluate_client(model, params, xc, yc, n, rows)
+    return client_map.map(one, x, y, counts)
 
 
 def evaluate_client(
-    model: Model, params: Any, x: jax.Array, y: jax.Array, count: jax.Array
+    model: Model,
+    params: Any,
+    x: jax.Array,
+    y: jax.Array,
+    count: jax.Array,
+    rows: int | None = None,
 ) -> dict[str, jax.Array]:
     """`Model.evaluate` sums of `params` on one client's first `count` rows of its padded
-    `x [N_max, ...]`, `y [N_max]`."""
-    mask = (jnp.arange(x.shape[0]) < count).astype(jnp.float32)
-    return model.evaluate(params, Batch(x, y, mask))
+    `x [N_max, ...]`, `y [N_max]`; with `rows < N_max`, in blocks of `rows` rows summed in a
+    `lax.map` (the same sums up to the last bits): the activations of a vmapped cohort are
+    then `[C, rows, ...]`, not `[C, N_max, ...]`."""
+    n = x.shape[0]
+    mask = (jnp.arange(n) < count).astype(jnp.float32)
+    if rows is None or rows >= n:
+        return model.evaluate(params, Batch(x, y, mask))
+    blocks = -(-n // rows)
+    pad = lambda a: jnp.pad(a, [(0, blocks * rows - n)] + [(0, 0)] * (a.ndim - 1))
+    split = lambda a: pad(a).reshape(blocks, rows, *a.shape[1:])
+    sums = lax.map(lambda b: model.evaluate(params, Batch(*b)), (split(x), split(y), split(mask)))
+    return jax.tree.map(lambda a: jnp.sum(a, 0), sums)
 
 
 def client_summary(
@@ -111,9 +127,11 @@ def evaluate_clients(
     client_map: ClientMap = ClientMap(),
     prefix: str = "client",
     distribution: bool = False,
+    rows: int | None = None,
 ) -> dict[str, jax.Array]:
-    """Per-client loss/accuracy of the global model, summarised by `client_summary`."""
-    stats = client_stats(model, params, x, y, counts, client_map)
+    """Per-client loss/accuracy of the global model (in blocks of `rows` rows), summarised by
+    `client_summary`."""
+    stats = client_stats(model, params, x, y, counts, client_map, rows)
     return client_summary(stats, counts, prefix, distribution)
 
 
