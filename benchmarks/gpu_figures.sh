@@ -19,7 +19,10 @@
 # keeps its finished rows.
 #
 #   run (device tool), timeout_s 560: bash benchmarks/gpu_figures.sh
-#   carry: .whl (tyro and its needs, which that image lacks, as wheels)
+#   carry: .whl (tyro and its needs, which that image lacks, as wheels; make it once with
+#   echo /.whl/ >> .git/info/exclude; python3 -m pip download --no-deps --only-binary=:all: \
+#     --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 -d .whl \
+#     tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1)
 #
 # Rows go to $OUT (the device tool brings them back): baselines.jsonl, cohort.jsonl,
 # hypergradient_cost.jsonl and log.txt. Keep the first lease's files as they are: copy these
