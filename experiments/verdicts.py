@@ -47,6 +47,7 @@ import fedlps_report  # noqa: E402
 import fedmim_report  # noqa: E402
 import fgdro_report  # noqa: E402
 import personalization_report as pfl  # noqa: E402
+import readme_block  # noqa: E402
 
 from fedjax_sim.run.convergence import rounds_to_target, speedup  # noqa: E402
 from fedjax_sim.run.sweep import mean_ci  # noqa: E402
@@ -1453,9 +1454,8 @@ def render(rows: list[Row]) -> str:
 
 
 def replace_table(readme: str, table: str) -> str:
-    head, rest = readme.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{table}{END}{tail}"
+    """`readme` with `table` (ending in a newline) between the verdict markers."""
+    return readme_block.replace_block(readme, BEGIN, END, table.rstrip("\n"))
 
 
 def main() -> None:
