@@ -141,23 +141,32 @@ def test_torch_baseline_matches_ours(problem):
     peer.round()  # the benchmark's own sampling runs too
 
 
-def test_torch_cnn_loop_computes_our_cnn_and_our_round():
-    """pfl's CIFAR CNN (`models.simple_cnn`) in the PyTorch loop: the layouts round-trip, the
-    torch module computes our model's logits, one FedAvg round equals ours."""
-    pytest.importorskip("torch", reason="torch is the optional extra 'peers'")
+@pytest.fixture(scope="module")
+def cnn():
+    """pfl's CIFAR CNN (`models.simple_cnn`) on `tiny-cnn`: the workload, model, data, key,
+    initial parameters and our FedAvg round's parameters (`ours`)."""
     w = preset("tiny-cnn")
     model, data = make_model(w), make_data(w, seed=1)
     key, params = jax.random.key(3), model.init(jax.random.key(1))
     local = LocalSpec(steps=w.local_steps, batch_size=w.batch_size)
     alg = fedavg(model.loss, client_optimizer=CLIENT_LR, local=local)
     state, _ = jax.jit(alg.step)(alg.init(params, key), data, key)
+    ours = jax.device_get(state.params)
+    return {"w": w, "model": model, "data": data, "key": key, "params": params, "ours": ours}
+
+
+def test_torch_cnn_loop_computes_our_cnn_and_our_round(cnn):
+    """The CNN in the PyTorch loop: the layouts round-trip, the torch module computes our
+    model's logits, one FedAvg round equals ours."""
+    pytest.importorskip("torch", reason="torch is the optional extra 'peers'")
+    w, model, data, params = cnn["w"], cnn["model"], cnn["data"], cnn["params"]
     x, y, counts = (np.asarray(a) for a in (data.x, data.y, data.counts))
     peer = baselines.TorchFedAvg(w, jax.device_get(params), x, y, counts, threads=1)
     assert_params_close(peer.params(), params, tol=0)
     logits = peer.model(peer.x[0]).detach().numpy()
     np.testing.assert_allclose(logits, model.apply(params, data.x[0]), atol=1e-5)
-    peer.round(indices=baselines.batch_indices(key, counts, w))
-    assert_params_close(jax.device_get(state.params), peer.params(), tol=1e-5)
+    peer.round(indices=baselines.batch_indices(cnn["key"], counts, w))
+    assert_params_close(cnn["ours"], peer.params(), tol=1e-5)
 
 
 def test_equal_sizes_numpy_reference_matches_ours(equal):
@@ -241,15 +250,10 @@ def test_fedjax_fedavg_matches_ours_and_numpy(equal, tmp_path):
 
 
 @NO_FEDJAX
-def test_fedjax_cnn_is_our_cnn(tmp_path):
+def test_fedjax_cnn_is_our_cnn(cnn, tmp_path):
     """fedjax's haiku CNN (conv, conv, max-pool, dense, dense) from our CNN's weights: one
     FedAvg round equals ours (same function, layouts and flatten order)."""
-    w = preset("tiny-cnn")
-    model, data = make_model(w), make_data(w, seed=1)
-    key, params = jax.random.key(3), model.init(jax.random.key(1))
-    local = LocalSpec(steps=w.local_steps, batch_size=w.batch_size)
-    alg = fedavg(model.loss, client_optimizer=CLIENT_LR, local=local)
-    state, _ = jax.jit(alg.step)(alg.init(params, key), data, key)
-    idx = baselines.batch_indices(key, np.asarray(data.counts), w)
-    theirs = run_fedjax(w, jax.device_get(params), data.x, data.y, idx, 1, tmp_path)
-    assert_params_close(jax.device_get(state.params), theirs, tol=1e-5)
+    w, data = cnn["w"], cnn["data"]
+    idx = baselines.batch_indices(cnn["key"], np.asarray(data.counts), w)
+    theirs = run_fedjax(w, jax.device_get(cnn["params"]), data.x, data.y, idx, 1, tmp_path)
+    assert_params_close(cnn["ours"], theirs, tol=1e-5)
