@@ -88,9 +88,9 @@ class BenchConfig:
     """Cohort sizes of the baselines suite: every system at each, the order of the systems
     reversed at every other size (default: the workload's cohort only)."""
     peer_max_cohort: int | None = None
-    """Largest cohort at which the PyTorch loop and pfl-research run in the baselines suite
-    (above it: a skipped row naming this flag; on a GPU the PyTorch loop's time per round
-    grows with the cohort while the engine's barely does)."""
+    """Largest cohort at which the PyTorch loop, pfl-research and fedjax run in the baselines
+    suite (above it: a skipped row naming this flag; on a GPU the PyTorch loop's time per
+    round grows with the cohort while the engine's barely does)."""
     pfl_python: str | None = None
     """Python of the pfl-research venv (default: .venv-pfl/bin/python of the checkout, made
     by benchmarks/peers/pfl_venv.sh; without it the pfl rows are skipped, naming it)."""
