@@ -57,6 +57,7 @@ COHORT_LABEL = re.compile(r"^(?P<workload>\S+) M=(?P<m>\d+) (?P<mode>.+)$")
 ENGINES = {  # how a system's name starts -> `engine` (runner's names)
     "fedjax_sim": "fedjax_sim",
     "per-client python loop": "python-loop",
+    "fedjax ": "fedjax",  # "fedjax 0.0.17" (after "fedjax_sim")
     "PyTorch": "torch-loop",
     "pfl-research": "pfl",
 }

@@ -204,8 +204,8 @@ def peak_of(part: str) -> Callable[[Row], str]:
     return lambda r: num(r[part].get("peak_flops_per_s", 0) / 1e9 or None)
 
 
-# --- peers: the baselines suite over cohorts, with pfl-research -------------------------
-SYSTEM_ORDER = ("fedjax_sim", "python-loop", "torch-loop", "pfl")
+# --- peers: the baselines suite over cohorts, with pfl-research and fedjax --------------
+SYSTEM_ORDER = ("fedjax_sim", "python-loop", "fedjax", "torch-loop", "pfl")
 
 
 def peers_rows(rows: list[Row]) -> list[Row]:
@@ -643,7 +643,7 @@ TABLES: dict[str, Table] = {
     "round_throughput": Table(BENCH, summary=round_throughput_summary),
     # the baselines suite run once per workload (no --baseline-cohorts) ...
     "baselines": Table(BENCH, where=lambda r: "cohort_run" not in r, summary=baselines_summary),
-    # ... and over cohorts, with pfl-research (rows with `cohort_run`)
+    # ... and over cohorts, with pfl-research and fedjax (rows with `cohort_run`)
     "peers": Table(
         [
             ("system", lambda r: r.get("system", r["label"])),

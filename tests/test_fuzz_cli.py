@@ -229,6 +229,7 @@ BAD_34: list[tuple[list[str], str]] = [
     (["bench", "--baseline-cohorts", "10", "0"], "--baseline-cohorts"),
     (["bench", "--devices", "2", "--baseline-cohorts", "10", "1"], "--devices"),
     (["bench", "--pfl-python", "/no/such/python"], "--pfl-python"),
+    (["bench", "--fedjax-python", "/no/such/python"], "--fedjax-python"),
     (["bench", "--algorithm", "nope"], "algorithm"),
     (["bench", "--map-batch", "0"], "--map-batch"),
     (["bench", "--per-client", "0"], "--per-client"),

@@ -2,7 +2,7 @@
 
 Runs under the pfl venv's python (`benchmarks/peers/pfl_venv.sh`), never the project's: it
 imports only numpy, torch and pfl. `fedjax-sim bench --suite baselines` calls it (through
-`fedjax_sim.app.bench.runner.measure_pfl`) with one JSON spec argument and reads the last
+`fedjax_sim.app.bench.runner.measure_venv_peer`) with one JSON spec argument and reads the last
 stdout line, a JSON object:
 
     spec: {"model": "mlp" | "simple_cnn", "widths": [784, 200, 200, 10] (mlp),

@@ -593,11 +593,13 @@ def check_bench(cfg: Any) -> str:
                     f"--devices {cfg.devices} exceeds the cohort {clients} (the client axis "
                     "is what is sharded)"
                 )
-    if cfg.pfl_python is not None and not os.path.isfile(cfg.pfl_python):
-        raise UsageError(
-            f"--pfl-python {cfg.pfl_python}: no such file (benchmarks/peers/pfl_venv.sh makes "
-            ".venv-pfl/bin/python)"
-        )
+    for peer in cfg.VENV_PEER_FLAGS:
+        python = cfg.peer_python(peer)
+        if python is not None and not os.path.isfile(python):
+            raise UsageError(
+                f"--{peer}-python {python}: no such file (benchmarks/peers/{peer}_venv.sh "
+                f"makes .venv-{peer}/bin/python)"
+            )
     check_writable_dir(cfg.out)
     return cfg.out
 

@@ -7,7 +7,9 @@ compiled `fedavg` step is compared with an independent NumPy implementation of t
 from `baselines.batch_indices`; if they differed from what `fedavg` draws, the updates would
 not agree. pfl-research's FedAvg (its own venv) is compared on a problem with equal client
 sizes (pfl's benchmark weights users equally): ours equals the NumPy reference there always,
-and pfl's update equals both when `.venv-pfl` exists (`.ci/run` builds it).
+and pfl's update equals both when `.venv-pfl` exists (`.ci/run` builds it). fedjax 0.0.17's
+FedAvg (its own venv, `.venv-fedjax`) is compared on the same problem (one round against ours
+and the reference, two rounds against the reference) and on our CNN.
 """
 
 import jax
@@ -139,23 +141,32 @@ def test_torch_baseline_matches_ours(problem):
     peer.round()  # the benchmark's own sampling runs too
 
 
-def test_torch_cnn_loop_computes_our_cnn_and_our_round():
-    """pfl's CIFAR CNN (`models.simple_cnn`) in the PyTorch loop: the layouts round-trip, the
-    torch module computes our model's logits, one FedAvg round equals ours."""
-    pytest.importorskip("torch", reason="torch is the optional extra 'peers'")
+@pytest.fixture(scope="module")
+def cnn():
+    """pfl's CIFAR CNN (`models.simple_cnn`) on `tiny-cnn`: the workload, model, data, key,
+    initial parameters and our FedAvg round's parameters (`ours`)."""
     w = preset("tiny-cnn")
     model, data = make_model(w), make_data(w, seed=1)
     key, params = jax.random.key(3), model.init(jax.random.key(1))
     local = LocalSpec(steps=w.local_steps, batch_size=w.batch_size)
     alg = fedavg(model.loss, client_optimizer=CLIENT_LR, local=local)
     state, _ = jax.jit(alg.step)(alg.init(params, key), data, key)
+    ours = jax.device_get(state.params)
+    return {"w": w, "model": model, "data": data, "key": key, "params": params, "ours": ours}
+
+
+def test_torch_cnn_loop_computes_our_cnn_and_our_round(cnn):
+    """The CNN in the PyTorch loop: the layouts round-trip, the torch module computes our
+    model's logits, one FedAvg round equals ours."""
+    pytest.importorskip("torch", reason="torch is the optional extra 'peers'")
+    w, model, data, params = cnn["w"], cnn["model"], cnn["data"], cnn["params"]
     x, y, counts = (np.asarray(a) for a in (data.x, data.y, data.counts))
     peer = baselines.TorchFedAvg(w, jax.device_get(params), x, y, counts, threads=1)
     assert_params_close(peer.params(), params, tol=0)
     logits = peer.model(peer.x[0]).detach().numpy()
     np.testing.assert_allclose(logits, model.apply(params, data.x[0]), atol=1e-5)
-    peer.round(indices=baselines.batch_indices(key, counts, w))
-    assert_params_close(jax.device_get(state.params), peer.params(), tol=1e-5)
+    peer.round(indices=baselines.batch_indices(cnn["key"], counts, w))
+    assert_params_close(cnn["ours"], peer.params(), tol=1e-5)
 
 
 def test_equal_sizes_numpy_reference_matches_ours(equal):
@@ -165,8 +176,11 @@ def test_equal_sizes_numpy_reference_matches_ours(equal):
     assert_params_close(equal["ours"], ref)
 
 
+PFL, FEDJAX = baselines.VENV_PEERS["pfl"], baselines.VENV_PEERS["fedjax"]
+
+
 @pytest.mark.skipif(
-    baselines.pfl_python() is None,
+    PFL.python() is None,
     reason="pfl-research lives in its own venv (.venv-pfl, benchmarks/peers/pfl_venv.sh), "
     "which .ci/run builds (best effort) and this checkout lacks",
 )
@@ -180,9 +194,9 @@ def test_pfl_fedavg_matches_ours_and_numpy(equal, tmp_path):
     fixed = tmp_path / "fixed.npz"
     arrays = {f"p{i}": np.asarray(a) for i, a in enumerate(torch_order)}
     np.savez(fixed, x=equal["x"], y=equal["y"], indices=idx, **arrays)
-    spec = baselines.pfl_spec(W, rounds=1, threads=1)
+    spec = baselines.peer_spec(W, rounds=1, threads=1)
     spec.update(fixed=str(fixed), out=str(tmp_path / "out.npz"))
-    baselines.run_pfl(spec, baselines.pfl_python())
+    PFL.run(spec, PFL.python())
     out = np.load(spec["out"])
     theirs = {
         f"Dense_{i}": {"kernel": out[f"p{2 * i}"].T, "bias": out[f"p{2 * i + 1}"]} for i in range(2)
@@ -190,3 +204,56 @@ def test_pfl_fedavg_matches_ours_and_numpy(equal, tmp_path):
     assert_params_close(equal["ours"], theirs, tol=1e-5)
     ref = numpy_fedavg(p, equal["x"], equal["y"], EQUAL, idx, CLIENT_LR)
     assert_params_close(ref, theirs, tol=1e-5)
+
+
+def run_fedjax(w, params, x, y, indices, rounds, tmp_path):
+    """fedjax's FedAvg (`benchmarks/peers/fedjax_fedavg.py` in `.venv-fedjax`) from `params`
+    for `rounds` rounds, each client training on its `indices` rows in order every round;
+    the parameters after them, in our layout (haiku's kernels are flax's)."""
+    layers = sorted(params)  # Conv_0, Conv_1, Dense_0, ...: the model's order
+    arrays = {}
+    for i, name in enumerate(layers):
+        arrays[f"p{2 * i}"] = np.asarray(params[name]["kernel"])
+        arrays[f"p{2 * i + 1}"] = np.asarray(params[name]["bias"])
+    fixed = tmp_path / "fixed.npz"
+    np.savez(fixed, x=np.asarray(x), y=np.asarray(y), indices=indices, **arrays)
+    spec = baselines.peer_spec(w, rounds=rounds)
+    spec.update(fixed=str(fixed), out=str(tmp_path / "out.npz"))
+    FEDJAX.run(spec, FEDJAX.python())
+    out = np.load(spec["out"])
+    return {
+        name: {"kernel": out[f"p{2 * i}"], "bias": out[f"p{2 * i + 1}"]}
+        for i, name in enumerate(layers)
+    }
+
+
+NO_FEDJAX = pytest.mark.skipif(
+    FEDJAX.python() is None,
+    reason="fedjax 0.0.17 lives in its own venv (.venv-fedjax, made by "
+    "benchmarks/peers/fedjax_venv.sh: it needs jax < 0.6), which this checkout lacks",
+)
+
+
+@NO_FEDJAX
+def test_fedjax_fedavg_matches_ours_and_numpy(equal, tmp_path):
+    """fedjax's federated_averaging (haiku MLP, client SGD, server SGD at 1, for_each_client)
+    from the same weights on the same minibatches: one round equals ours and the NumPy
+    reference; two rounds (the same minibatches again) equal the reference applied twice."""
+    idx = baselines.batch_indices(equal["key"], EQUAL, W)
+    p, x, y = equal["params"], equal["x"], equal["y"]
+    one = run_fedjax(W, p, x, y, idx, 1, tmp_path)
+    assert_params_close(equal["ours"], one, tol=1e-5)
+    ref = numpy_fedavg(p, x, y, EQUAL, idx, CLIENT_LR)
+    assert_params_close(ref, one, tol=1e-5)
+    two = run_fedjax(W, p, x, y, idx, 2, tmp_path)
+    assert_params_close(numpy_fedavg(ref, x, y, EQUAL, idx, CLIENT_LR), two, tol=1e-5)
+
+
+@NO_FEDJAX
+def test_fedjax_cnn_is_our_cnn(cnn, tmp_path):
+    """fedjax's haiku CNN (conv, conv, max-pool, dense, dense) from our CNN's weights: one
+    FedAvg round equals ours (same function, layouts and flatten order)."""
+    w, data = cnn["w"], cnn["data"]
+    idx = baselines.batch_indices(cnn["key"], np.asarray(data.counts), w)
+    theirs = run_fedjax(w, jax.device_get(cnn["params"]), data.x, data.y, idx, 1, tmp_path)
+    assert_params_close(cnn["ours"], theirs, tol=1e-5)

@@ -48,3 +48,19 @@ def test_readme_cites_no_removed_result_file():
             assert os.path.exists(os.path.join(RESULTS, path)), path
     for gone in ("uptime.log", "algorithms_first.md", "cohort.png", "baselines_rerun.jsonl"):
         assert f"`{gone}`" not in text and f"/{gone}`" not in text, gone
+
+
+def test_peers_table_sorts_every_system_fedjax_included():
+    """The peers table's rows of a workload and cohort: the engine first, then the JAX loop,
+    fedjax, PyTorch, pfl (a system missing from `SYSTEM_ORDER` raises), each over the best
+    engine row's median."""
+
+    def row(engine, s):
+        return {"engine": engine, "clients": 10, "workload": {"name": "W1"}, "round_s_median": s}
+
+    rows = [row("pfl", 4.0), row("fedjax", 3.0), row("torch-loop", 5.0), row("python-loop", 2.5)]
+    rows += [row("fedjax_sim", 2.0), row("fedjax_sim", 1.0)]
+    out = report.peers_rows(rows)
+    engines = ["fedjax_sim", "fedjax_sim", "python-loop", "fedjax", "torch-loop", "pfl"]
+    assert [r["engine"] for r in out] == engines
+    assert [r["vs_best_engine"] for r in out] == [2.0, 1.0, 2.5, 3.0, 5.0, 4.0]

@@ -233,23 +233,24 @@ def test_client_steps_count_the_local_steps_actually_taken():
     assert row["client_steps_per_s"] == pytest.approx(w.clients / row["round_s_median"], rel=1e-3)
 
 
-# a stand-in for benchmarks/peers/pfl_fedavg.py (same argument and result line), so that the
-# plumbing of the pfl rows runs on CI, where pfl-research's venv is not built
-FAKE_PFL = """import json, sys
+# a stand-in for benchmarks/peers/{pfl,fedjax}_fedavg.py (same argument and result line), so
+# that the plumbing of the venv peers' rows runs on CI, where their venvs are not built
+FAKE_PEER = """import json, sys
 spec = json.loads(sys.argv[1])
 print("a log line of the peer")
 laps = [0.5] + [0.1 * (i + 1) for i in range(spec["rounds"] - 1)]
 print(json.dumps({"round_s": laps, "pfl": "fake", "torch": "-", "torch_threads":
-    spec["threads"], "peak_rss_bytes": 12345, "local": spec["model"]}))
+    spec["threads"], "fedjax": "fake", "jax": "-", "haiku": "-", "peak_rss_bytes": 12345,
+    "local": spec["model"]}))
 """
 
 
 def test_baselines_suite_runs_every_system_per_cohort_in_alternating_order(
     tmp_path, monkeypatch, cheap
 ):
-    script = tmp_path / "fake_pfl.py"
-    script.write_text(FAKE_PFL)
-    monkeypatch.setattr(baselines, "PFL_SCRIPT", str(script))
+    script = tmp_path / "fake_peer.py"
+    script.write_text(FAKE_PEER)
+    monkeypatch.setattr(baselines.VenvPeer, "script", property(lambda peer: str(script)))
     calls = []
     measure = suites.Session.measure
 
@@ -265,6 +266,7 @@ def test_baselines_suite_runs_every_system_per_cohort_in_alternating_order(
         baseline_cohorts=(2, 3),
         torch_threads=1,
         pfl_python=sys.executable,
+        fedjax_python=sys.executable,
         isolate=False,
         flops=False,
         plots=False,
@@ -272,34 +274,50 @@ def test_baselines_suite_runs_every_system_per_cohort_in_alternating_order(
         out=str(tmp_path / "res"),
     )
     rows = suites.run(cfg, log=lambda line: None)["baselines"]
-    systems = ["engine", "loop", "torch", "pfl"]
+    systems = ["engine", "loop", "fedjax", "torch", "pfl"]
     assert calls == [(t, 2) for t in systems] + [(t, 3) for t in reversed(systems)]
     # rows stay in system order, each cohort followed by its speedups
     kinds = [r.get("engine", r["label"]) for r in rows]
-    per_cohort = ["fedjax_sim", "python-loop", "torch-loop", "pfl"]
+    per_cohort = ["fedjax_sim", "python-loop", "fedjax", "torch-loop", "pfl"]
     assert kinds == per_cohort + ["speedups tiny-mlp M=2"] + per_cohort + ["speedups tiny-mlp M=3"]
-    pfl = rows[3]
+    fedjax, pfl = rows[2], rows[4]
+    assert fedjax["label"] == "fedjax 0.0.17 tiny-mlp M=2" and fedjax["fedjax"] == "fake"
+    assert fedjax["round_s"] == [0.1, 0.2, 0.3] and fedjax["peak_memory_bytes"] == 12345
+    assert fedjax["memory_source"] == "fedjax_process_peak_rss"
     assert pfl["label"] == "pfl-research (1 thread) tiny-mlp M=2" and pfl["clients"] == 2
     assert pfl["system"] == "pfl-research (1 thread)"
-    assert [r["cohort_run"] for r in rows] == ["tiny-mlp M=2"] * 5 + ["tiny-mlp M=3"] * 5
+    assert [r["cohort_run"] for r in rows] == ["tiny-mlp M=2"] * 6 + ["tiny-mlp M=3"] * 6
     assert pfl["round_s"] == [0.1, 0.2, 0.3] and pfl["first_round_s"] == 0.5  # laps[1:]
     assert pfl["peak_memory_bytes"] == 12345 and pfl["torch_threads"] == 1
     w = preset("tiny-mlp")
     assert pfl["client_steps_per_s"] == pytest.approx(2 * w.local_steps / 0.2)
-    summary = rows[4]
-    assert set(summary["speedup_vs"]) == {r["label"] for r in rows[1:4]}
+    summary = rows[5]
+    assert set(summary["speedup_vs"]) == {r["label"] for r in rows[1:5]}
     assert summary["speedup_vs"][pfl["label"]] == pytest.approx(
         0.2 / rows[0]["round_s_median"], rel=2e-3
     )
-    assert [r["clients"] for r in read_rows(os.path.join(cfg.out, "baselines.jsonl"))[5:9]] == [
+    assert [r["clients"] for r in read_rows(os.path.join(cfg.out, "baselines.jsonl"))[6:11]] == [
         3
-    ] * 4
+    ] * 5
 
 
-def test_pfl_row_is_skipped_naming_the_venv_recipe():
-    row = runner.measure_pfl(preset("tiny-mlp"), python="/nonexistent/python", peak=PEAK)
-    assert row["kind"] == "skipped" and "benchmarks/peers/pfl_venv.sh" in row["reason"]
+@pytest.mark.parametrize("peer", ["pfl", "fedjax"])
+def test_venv_peer_row_is_skipped_naming_the_venv_recipe(peer):
+    row = runner.measure_venv_peer(
+        peer, preset("tiny-mlp"), python="/nonexistent/python", peak=PEAK
+    )
+    assert row["kind"] == "skipped" and f"benchmarks/peers/{peer}_venv.sh" in row["reason"]
+    assert row["reason"].startswith(f"no {baselines.VENV_PEERS[peer].title} venv")
     validate_row(row, stamped=False)
+
+
+def test_venv_peers_each_have_an_option_a_script_and_a_recipe():
+    """Every venv peer has its `--<name>-python` option and its two files in benchmarks/."""
+    assert set(BenchConfig.VENV_PEER_FLAGS) == set(baselines.VENV_PEERS)
+    for name, peer in baselines.VENV_PEERS.items():
+        assert BenchConfig(**{f"{name}_python": "p"}).peer_python(name) == "p"
+        assert os.path.isfile(peer.script)
+        assert os.path.isfile(os.path.join(results.REPO, peer.recipe))
 
 
 def test_rows_are_written_as_they_are_measured(tmp_path, cheap):
@@ -344,7 +362,12 @@ def test_peers_over_the_cap_or_without_runtime_are_skipped_without_a_process(tmp
         raise AssertionError("a worker process was started")
 
     monkeypatch.setattr(suites, "run_isolated", no_process)
-    cfg = BenchConfig(peer_max_cohort=2, pfl_python="/nonexistent/python", out=str(tmp_path))
+    cfg = BenchConfig(
+        peer_max_cohort=2,
+        pfl_python="/nonexistent/python",
+        fedjax_python="/nonexistent/python",
+        out=str(tmp_path),
+    )
     s = suites.Session(cfg, log=lambda line: None)
     w = preset("tiny-mlp").replace(algorithm="fedavg")
     torch = s.measure("torch", w.replace(clients=3), "baselines", "torch M=3")
@@ -353,5 +376,7 @@ def test_peers_over_the_cap_or_without_runtime_are_skipped_without_a_process(tmp
     pfl = s.measure("pfl", w.replace(clients=2), "baselines", "pfl M=2", tags={"system": "p"})
     assert pfl["kind"] == "skipped" and "benchmarks/peers/pfl_venv.sh" in pfl["reason"]
     assert pfl["system"] == "p"
+    fedjax = s.measure("fedjax", w.replace(clients=2), "baselines", "fedjax M=2")
+    assert fedjax["kind"] == "skipped" and "benchmarks/peers/fedjax_venv.sh" in fedjax["reason"]
     assert s.not_run("engine", w.replace(clients=3)) is None
     assert s.not_run("loop", w.replace(clients=3)) is None

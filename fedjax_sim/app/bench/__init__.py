@@ -4,7 +4,8 @@ scaling sweeps, the algorithm kernel table and side-by-side baselines.
 
 - `workloads`: `Workload` (algorithm x model x cohort x local steps x batch) and `PRESETS`.
 - `measure`: machine info, `matmul_peak`, `loop_aware_flops`, memory, `time_round`.
-- `baselines`: per-client jitted Python loop, PyTorch per-client loop (`TorchFedAvg`).
+- `baselines`: per-client jitted Python loop, PyTorch per-client loop (`TorchFedAvg`), the
+  peers run in venvs of their own (`VENV_PEERS`: pfl-research, fedjax 0.0.17).
 - `runner`: one measurement -> one result row; `results`: the row schema.
 - `suites`: the suites behind `fedjax-sim bench` (isolated processes, memory budget).
 

@@ -6,9 +6,10 @@
   clients train: per client a fresh copy of the global model (`copy.deepcopy`), a new SGD
   optimizer, K minibatch steps with `cross_entropy` + `backward` + `step`, then the
   count-weighted average of the local models. Needs the optional extra `peers` (torch).
-- pfl-research (`run_pfl`): its `FederatedAveraging` on its `SimulatedBackend` with its
-  PyTorch model, run by `benchmarks/peers/pfl_fedavg.py` under the python of a separate venv
-  (`benchmarks/peers/pfl_venv.sh` makes `.venv-pfl`; pfl pins packages the project does not).
+- `VENV_PEERS`, frameworks run in venvs of their own (they pin packages the project does
+  not) by `benchmarks/peers/<name>_fedavg.py`: pfl-research (its `FederatedAveraging` on its
+  `SimulatedBackend` with its PyTorch model; `.venv-pfl`) and Google's fedjax 0.0.17 (its
+  `federated_averaging` with a haiku model, on jax 0.5.3; `.venv-fedjax`).
 
 All compute plain FedAvg (client SGD with a fixed learning rate, server averaging with
 count weights) on `Workload` data, so times are comparable with `fedavg` rounds.
@@ -17,6 +18,7 @@ count weights) on `Workload` data, so times are comparable with `fedavg` rounds.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import subprocess
@@ -235,23 +237,72 @@ def torch_net(torch: Any, w: Workload) -> Any:
     return nn.Sequential(*layers[:-1])
 
 
-# ------------------------------------------------------------------------------ pfl-research
-PFL_SCRIPT = os.path.join(REPO, "benchmarks", "peers", "pfl_fedavg.py")
-PFL_VENV_PYTHON = os.path.join(REPO, ".venv-pfl", "bin", "python")
+# ------------------------------------------------------------------------------ venv peers
+@dataclasses.dataclass(frozen=True)
+class VenvPeer:
+    """A peer framework that runs in a venv of its own (it pins packages the project does
+    not), through `benchmarks/peers/<name>_fedavg.py`: one JSON spec argument (`peer_spec`)
+    in, its last stdout line, a JSON object with `round_s` (every round's seconds, the first
+    compiling) and `peak_rss_bytes`, out. `benchmarks/peers/<name>_venv.sh` makes the venv
+    `.venv-<name>`.
+
+    Attributes:
+      name: the bench task and the rows' `engine` ("pfl", "fedjax").
+      title: how rows and messages name it.
+      fields: result fields copied into the row (versions, threads, how local work is fed).
+    """
+
+    name: str
+    title: str
+    fields: tuple[str, ...]
+
+    @property
+    def script(self) -> str:
+        return os.path.join(REPO, "benchmarks", "peers", f"{self.name}_fedavg.py")
+
+    @property
+    def recipe(self) -> str:
+        return f"benchmarks/peers/{self.name}_venv.sh"
+
+    @property
+    def venv_python(self) -> str:
+        return os.path.join(REPO, f".venv-{self.name}", "bin", "python")
+
+    def python(self, python: str | None = None) -> str | None:
+        """The venv's python: `python` if given, else `.venv-<name>/bin/python` of this
+        checkout; None if that file does not exist."""
+        path = python or self.venv_python
+        return path if os.path.exists(path) else None
+
+    def run(self, spec: dict, python: str, timeout_s: float | None = None) -> dict:
+        """Runs the peer's script with `python` on `spec`; its result object (RuntimeError
+        with the end of its stderr if it fails)."""
+        proc = subprocess.run(
+            [python, self.script, json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        if proc.returncode or not lines:
+            tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+            raise RuntimeError(f"{self.name} peer failed (exit {proc.returncode}): {tail}")
+        return json.loads(lines[-1])
 
 
-def pfl_python(python: str | None = None) -> str | None:
-    """The pfl venv's python: `python` if given, else `.venv-pfl/bin/python` of this checkout;
-    None if that file does not exist."""
-    path = python or PFL_VENV_PYTHON
-    return path if os.path.exists(path) else None
+VENV_PEERS: dict[str, VenvPeer] = {
+    # pfl-research 0.6.0: its FederatedAveraging on its SimulatedBackend, PyTorch model
+    "pfl": VenvPeer("pfl", "pfl-research", ("pfl", "torch", "torch_threads", "local")),
+    # Google's fedjax 0.0.17: fed_avg.federated_averaging, a haiku model, jax 0.5.3
+    "fedjax": VenvPeer("fedjax", "fedjax 0.0.17", ("fedjax", "jax", "haiku", "local")),
+}
 
 
-def pfl_spec(w: Workload, rounds: int, threads: int | None = None, seed: int = 0) -> dict:
-    """The JSON spec of `benchmarks/peers/pfl_fedavg.py` for `rounds` FedAvg rounds of `w`
-    (every client each round, client SGD at `CLIENT_LR`, server SGD at 1)."""
+def peer_spec(w: Workload, rounds: int, threads: int | None = None, seed: int = 0) -> dict:
+    """The JSON spec of a venv peer's script for `rounds` FedAvg rounds of `w` (every client
+    each round, client SGD at `CLIENT_LR`, server SGD at 1)."""
     if w.algorithm != "fedavg":
-        raise ValueError(f"the pfl peer runs FedAvg only, got {w.algorithm!r}")
+        raise ValueError(f"the venv peers run FedAvg only, got {w.algorithm!r}")
     return {
         "model": "simple_cnn" if w.model == "simple_cnn" else "mlp",  # logistic: no hidden
         "widths": list(w.widths),
@@ -266,16 +317,3 @@ def pfl_spec(w: Workload, rounds: int, threads: int | None = None, seed: int = 0
         "threads": threads,
         "seed": seed,
     }
-
-
-def run_pfl(spec: dict, python: str, timeout_s: float | None = None) -> dict:
-    """Runs `pfl_fedavg.py` with `python` on `spec`; its result object (RuntimeError with the
-    end of its stderr if it fails)."""
-    proc = subprocess.run(
-        [python, PFL_SCRIPT, json.dumps(spec)], capture_output=True, text=True, timeout=timeout_s
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode or not lines:
-        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-        raise RuntimeError(f"pfl peer failed (exit {proc.returncode}): {tail}")
-    return json.loads(lines[-1])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import ClassVar, Literal
 
 Suite = Literal["round", "baselines", "modes", "cohort", "steps", "width", "algorithms", "memory"]
 SUITES: tuple[str, ...] = (
@@ -21,6 +21,9 @@ SUITES: tuple[str, ...] = (
 @dataclasses.dataclass
 class BenchConfig:
     """Benchmark round throughput: JSON lines + PNG plots + a markdown table under --out."""
+
+    # the venv peers (`bench.baselines.VENV_PEERS`) -> the field naming their venv's python
+    VENV_PEER_FLAGS: ClassVar[dict[str, str]] = {"pfl": "pfl_python", "fedjax": "fedjax_python"}
 
     suite: tuple[Suite, ...] = ("round",)
     """Suites to run: round (one workload), baselines (vs per-client loop and PyTorch),
@@ -85,12 +88,16 @@ class BenchConfig:
     """Cohort sizes of the baselines suite: every system at each, the order of the systems
     reversed at every other size (default: the workload's cohort only)."""
     peer_max_cohort: int | None = None
-    """Largest cohort at which the PyTorch loop and pfl-research run in the baselines suite
-    (above it: a skipped row naming this flag; on a GPU the PyTorch loop's time per round
-    grows with the cohort while the engine's barely does)."""
+    """Largest cohort at which the PyTorch loop, pfl-research and fedjax run in the baselines
+    suite (above it: a skipped row naming this flag; on a GPU the PyTorch loop's time per
+    round grows with the cohort while the engine's barely does)."""
     pfl_python: str | None = None
     """Python of the pfl-research venv (default: .venv-pfl/bin/python of the checkout, made
     by benchmarks/peers/pfl_venv.sh; without it the pfl rows are skipped, naming it)."""
+    fedjax_python: str | None = None
+    """Python of the fedjax 0.0.17 venv (default: .venv-fedjax/bin/python of the checkout,
+    made by benchmarks/peers/fedjax_venv.sh; without it the fedjax row is skipped, naming
+    it)."""
     isolate: bool = True
     """Run each measurement in its own process (needed for per-measurement peak RSS)."""
     flops: bool = True
@@ -100,3 +107,9 @@ class BenchConfig:
     out: str = "bench_results"
     """Results folder (relative to the current directory): <suite>.jsonl, <suite>.png,
     <suite>.md."""
+
+    def peer_python(self, peer: str) -> str | None:
+        """The `--<peer>-python` option of a venv peer (`VENV_PEER_FLAGS`); None: the
+        checkout's `.venv-<peer>` (and for any other task)."""
+        field = self.VENV_PEER_FLAGS.get(peer)
+        return None if field is None else getattr(self, field)

@@ -52,7 +52,7 @@ COMMON: dict[str, tuple[type, ...]] = {
 }
 
 ROUND: dict[str, tuple[type, ...]] = {
-    "engine": (str,),  # "fedjax_sim" | "python-loop" | "torch-loop"
+    "engine": (str,),  # "fedjax_sim" | "python-loop" | "torch-loop" | "pfl" | "fedjax"
     "workload": (dict,),
     "algorithm": (str,),
     "mode": (str,),

@@ -1,8 +1,8 @@
 """One measurement -> one result row (in the current process).
 
 `measure_engine` times our compiled round, `measure_loop` the per-client jitted loop,
-`measure_torch` the PyTorch per-client loop, `measure_pfl` pfl-research's simulator (in its
-own venv's python), `measure_rounds_memory` the peak memory of a
+`measure_torch` the PyTorch per-client loop, `measure_venv_peer` pfl-research's simulator or
+fedjax's FedAvg (each in its own venv's python), `measure_rounds_memory` the peak memory of a
 scanned multi-round run. Each row carries the matmul peak measured in the same process
 (`peak`, measured here if not given) and the machine info. Peak memory is process-wide:
 run each measurement in its own process when it matters (`fedjax_sim.app.bench.suites`).
@@ -121,14 +121,13 @@ def skipped_row(suite: str, label: str, w: Workload | None, reason: str, **extra
 
 def peer_missing(task: str, python: str | None = None) -> str | None:
     """Why a peer cannot run here (its runtime is missing), else None: `task` "torch" (the
-    optional extra `peers`) or "pfl" (its venv; `python` as `measure_pfl` takes it)."""
+    optional extra `peers`) or a venv peer of `baselines.VENV_PEERS` (its venv; `python` as
+    `measure_venv_peer` takes it)."""
     if task == "torch" and not extras.installed("peers"):
         return extras.message("peers", "the PyTorch baseline")
-    if task == "pfl" and baselines.pfl_python(python) is None:
-        return (
-            f"no pfl-research venv ({python or baselines.PFL_VENV_PYTHON} missing): "
-            "run benchmarks/peers/pfl_venv.sh"
-        )
+    peer = baselines.VENV_PEERS.get(task)
+    if peer is not None and peer.python(python) is None:
+        return f"no {peer.title} venv ({python or peer.venv_python} missing): run {peer.recipe}"
     return None
 
 
@@ -241,38 +240,42 @@ def measure_torch(
     )
 
 
-def measure_pfl(
+def measure_venv_peer(
+    name: str,
     w: Workload,
     *,
     repeats: int = 3,
     suite: str = "baselines",
-    label: str = "pfl-research",
+    label: str | None = None,
     peak: dict[str, float] | None = None,
     threads: int | None = None,
     python: str | None = None,
 ) -> dict[str, Any]:
-    """pfl-research's FedAvg (`baselines.run_pfl`): `repeats + 1` central iterations in one
-    pfl process, the first reported as `first_round_s`; peak memory is that process's.
-    Skipped row if the pfl venv is missing."""
-    missing = peer_missing("pfl", python)
+    """FedAvg in the venv peer `name` of `baselines.VENV_PEERS` (pfl-research, fedjax):
+    `repeats + 1` rounds in one process of the venv's python, the first reported as
+    `first_round_s`; peak memory is that process's. Skipped row if the venv is missing."""
+    peer = baselines.VENV_PEERS[name]
+    label = label or peer.title
+    missing = peer_missing(name, python)
     if missing:
         return skipped_row(suite, label, w, missing)
     peak = peak or measure.matmul_peak()
-    exe = baselines.pfl_python(python)
-    out = baselines.run_pfl(baselines.pfl_spec(w, repeats + 1, threads), exe)
+    out = peer.run(baselines.peer_spec(w, repeats + 1, threads), peer.python(python))
     laps = out["round_s"]
     row = round_row(
         suite=suite,
         label=label,
-        engine="pfl",
+        engine=name,
         w=w,
         repeats=repeats,
         times=laps[1:],
         first_round_s=laps[0],
         peak=peak,
-        extra={key: out[key] for key in ("pfl", "torch", "torch_threads", "local")},
+        extra={key: out[key] for key in peer.fields},
     )
-    row.update(peak_memory_bytes=int(out["peak_rss_bytes"]), memory_source="pfl_process_peak_rss")
+    row.update(
+        peak_memory_bytes=int(out["peak_rss_bytes"]), memory_source=f"{name}_process_peak_rss"
+    )
     return row
 
 

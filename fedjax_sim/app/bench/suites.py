@@ -28,7 +28,7 @@ import jax
 import fedjax_sim
 from fedjax_sim import algorithms
 from fedjax_sim.app import validate
-from fedjax_sim.app.bench import measure, plots, report, runner, worker
+from fedjax_sim.app.bench import baselines, measure, plots, report, runner, worker
 from fedjax_sim.app.bench.config import SUITES, BenchConfig
 from fedjax_sim.app.bench.results import finish, replace_rows, stamp, validate_row
 from fedjax_sim.app.bench.workloads import (
@@ -210,13 +210,13 @@ class Session:
     def not_run(self, task: str, w: Workload) -> str | None:
         """Why a peer is not measured, decided without starting its process (which would
         import JAX and hold the accelerator for nothing): a cohort above
-        `--peer-max-cohort`, or a missing runtime (torch, the pfl venv)."""
-        if task not in ("torch", "pfl"):
+        `--peer-max-cohort`, or a missing runtime (torch, a venv peer's venv)."""
+        if task != "torch" and task not in baselines.VENV_PEERS:
             return None
         cap = self.cfg.peer_max_cohort
         if cap is not None and w.clients > cap:
             return f"not run: cohort {w.clients} > --peer-max-cohort {cap}"
-        return runner.peer_missing(task, self.cfg.pfl_python)
+        return runner.peer_missing(task, self.cfg.peer_python(task))
 
     def measure(
         self,
@@ -317,8 +317,9 @@ System = tuple[str, Workload, str, dict[str, Any]]  # task, workload, label, spe
 
 def baseline_systems(s: Session, w: Workload) -> list[System]:
     """The engine (sharded over `w.devices`, on one device, memory-fitted) and the peers on
-    `w`: the per-client jitted loop, the PyTorch loop and pfl-research (each with one torch
-    thread and with torch's default, or with `--torch-threads`)."""
+    `w`: the per-client jitted loop, fedjax 0.0.17 (XLA's threads, like the loop), the
+    PyTorch loop and pfl-research (each with one torch thread and with torch's default, or
+    with `--torch-threads`)."""
     systems: list[System] = [("engine", w, f"fedjax_sim {w.mode_label}", {})]
     if w.devices > 1:  # the same engine on one device, side by side
         one = w.replace(devices=1)
@@ -327,6 +328,8 @@ def baseline_systems(s: Session, w: Workload) -> list[System]:
     if fitted.mode_label != w.mode_label:
         systems.append(("engine", fitted, f"fedjax_sim fit: {fitted.mode_label}", {}))
     systems.append(("loop", w, "per-client python loop (jit client update)", {}))
+    fedjax = baselines.VENV_PEERS["fedjax"]
+    systems.append(("fedjax", w, fedjax.title, {"python": s.cfg.peer_python("fedjax")}))
     # torch with one thread and with its default (all cores): on a loaded machine OpenMP
     # threads that wait on each other can make the multi-threaded loop far slower
     threads = [s.cfg.torch_threads] if s.cfg.torch_threads else [1, None]
@@ -335,7 +338,7 @@ def baseline_systems(s: Session, w: Workload) -> list[System]:
             label = f"{name} ({t or 'default'} thread{'s' if t != 1 else ''})"
             extra: dict[str, Any] = {"torch_threads": t}
             if task == "pfl":
-                extra["pfl_python"] = s.cfg.pfl_python
+                extra["python"] = s.cfg.peer_python(task)
             systems.append((task, w, label, extra))
     return systems
 

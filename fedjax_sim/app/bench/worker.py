@@ -1,8 +1,8 @@
 """`python -m fedjax_sim.app.bench.worker SPEC_JSON`: one measurement in a fresh process.
 
-SPEC: `{"task": "engine" | "loop" | "torch" | "pfl" | "rounds", "workload":
+SPEC: `{"task": "engine" | "loop" | "torch" | "pfl" | "fedjax" | "rounds", "workload":
 Workload.describe(), "suite", "label", "repeats", "flops", "peak_n", "torch_threads",
-"pfl_python", "rounds"}`. Prints the
+"python" (of a venv peer's venv), "rounds"}`. Prints the
 result row as one JSON line; an exception becomes a `skipped` row naming it (e.g. an
 algorithm that cannot run on the generic workload).
 """
@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from fedjax_sim.app.bench import measure, runner
+from fedjax_sim.app.bench import baselines, measure, runner
 from fedjax_sim.app.bench.workloads import Workload
 
 
@@ -42,13 +42,14 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
             return runner.measure_torch(
                 w, repeats=repeats, suite=suite, threads=spec.get("torch_threads"), **named
             )
-        if task == "pfl":
-            return runner.measure_pfl(
+        if task in baselines.VENV_PEERS:
+            return runner.measure_venv_peer(
+                task,
                 w,
                 repeats=repeats,
                 suite=suite,
                 threads=spec.get("torch_threads"),
-                python=spec.get("pfl_python"),
+                python=spec.get("python"),
                 **named,
             )
         if task == "rounds":
