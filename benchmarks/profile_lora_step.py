@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
-import gzip
-import json
 import os
 import re
 import sys
-import tempfile
 
 import jax
 
 sys.path.insert(0, os.path.dirname(__file__))
 import lora_cohort  # noqa: E402
+from round_profile import hlo_op_times  # noqa: E402
+
+from fedjax_sim.runtime.parallel import ClientMap  # noqa: E402
 
 
 def main() -> None:
@@ -34,29 +33,27 @@ def main() -> None:
     p.add_argument("--cohort", type=int, default=64)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--variant", choices=("lora", "full"), default="lora")
+    p.add_argument("--client-map", choices=("vmap", "map"), default="vmap")
+    p.add_argument("--map-batch", type=int, default=1)
     p.add_argument("--top", type=int, default=12)
     args = p.parse_args()
-    data = lora_cohort.problem()
-    step, state, _ = lora_cohort.compiled(args.variant, args.cohort, data)
+    batch = args.map_batch if args.client_map == "map" else None
+    client_map = ClientMap(args.client_map, batch)
+    step, state, data, _ = lora_cohort.compiled(
+        args.variant, args.cohort, lora_cohort.problem(), client_map
+    )
     for r in range(2):
         state, _ = step(state, data, jax.random.key(r))
     jax.block_until_ready(state)
-    with tempfile.TemporaryDirectory() as log:
-        jax.profiler.start_trace(log, create_perfetto_trace=True)
+
+    def run():
+        s = state
         for r in range(args.rounds):
-            state, _ = step(state, data, jax.random.key(10 + r))
-            jax.block_until_ready(state)
-        jax.profiler.stop_trace()
-        (path,) = glob.glob(os.path.join(log, "**", "*perfetto_trace.json.gz"), recursive=True)
-        with gzip.open(path) as f:
-            trace = json.load(f)
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+            s, _ = step(s, data, jax.random.key(10 + r))
+            jax.block_until_ready(s)
+
     hlo = step.as_text()
-    ops = collections.Counter()
-    for e in events:  # XLA ops are named after their HLO instructions
-        name = e.get("name", "")
-        if e.get("ph") == "X" and re.search(rf"^\s*(ROOT )?%?{re.escape(name)} = ", hlo, re.M):
-            ops[name] += e["dur"]
+    ops = hlo_op_times(run, hlo)
     total = sum(ops.values())
     kinds = collections.Counter()
     for name, us in ops.items():

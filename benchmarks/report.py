@@ -30,6 +30,7 @@ README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
 # at a cohort is taken from the first table that has it)
 FIGURES: dict[str, tuple[str, ...]] = {
     "figures/peers.png": ("peers",),
+    "figures/peers_under_load.png": ("peers_under_load",),
     "figures/h200_peers.png": ("gpu_peers", "gpu_cohort"),
 }
 Row = dict[str, Any]
@@ -232,6 +233,25 @@ def peers_rows(rows: list[Row]) -> list[Row]:
             SYSTEM_ORDER.index(r["engine"]),
         ),
     )
+
+
+PEERS: list[Column] = [
+    ("system", lambda r: r.get("system", r["label"])),
+    ("workload", lambda r: r["workload"]["name"]),
+    ("M", key("clients")),
+    ("s/round median", key("round_s_median")),
+    ("min", key("round_s_min")),
+    ("client-steps/s", key("client_steps_per_s")),
+    ("model FLOPs / matmul peak", key("model_flops_ratio", pct)),
+    ("round time / best engine's", key("vs_best_engine", times)),
+    ("peak RSS GiB", key("peak_memory_bytes", gib)),
+]
+UNDER_LOAD = "under_load/baselines"
+
+
+def competing_notes(rows: list[Row]) -> list[str]:
+    jobs = sorted({r["competing_job"] for r in rows})
+    return [f"competing job (its own process session, the whole run): {'; '.join(jobs)}"]
 
 
 def peers_summary(s: Row, rows: list[Row]) -> str:
@@ -444,35 +464,42 @@ def lora_rows(rows: list[Row]) -> list[Row]:
 
 
 def lora_notes(rows: list[Row]) -> list[str]:
-    """Same-run ratios: LoRA over full client-steps/s per M, the memory slope, the loop."""
-    by = {(r["variant"], r["cohort"]): r for r in rows if r.get("engine") == "fedjax_sim"}
-    cohorts = sorted({m for _, m in by})
+    """Same-run ratios: LoRA over full client-steps/s per client map and M, the memory slope,
+    the best LoRA engine row over each PyTorch loop row."""
+    ours = [r for r in rows if r.get("engine") == "fedjax_sim"]
+    by = {(r["workload"]["client_map"], r["variant"], r["cohort"]): r for r in ours}
     lines = []
-    speed = [
-        f"M={m}: {by['lora', m]['client_steps_per_s'] / by['full', m]['client_steps_per_s']:.2f}x"
-        for m in cohorts
-        if ("lora", m) in by and ("full", m) in by
-    ]
-    if speed:
-        lines.append("LoRA / full fine-tuning client-steps/s (same run): " + ", ".join(speed))
-    slope = find(rows, "memory slope")
-    if slope:
+    for mode in dict.fromkeys(r["workload"]["client_map"] for r in ours):
+        speed = [
+            f"M={m}: {by[mode, 'lora', m]['client_steps_per_s'] / r['client_steps_per_s']:.2f}x"
+            for (md, v, m), r in by.items()
+            if md == mode and v == "full" and (mode, "lora", m) in by
+        ]
+        if speed:
+            lines.append(
+                f"LoRA / full fine-tuning client-steps/s, {mode} (same run): " + ", ".join(speed)
+            )
+    for slope in (r for r in rows if r["label"].startswith("memory slope")):
         lo, hi = slope["cohorts"]
         over = slope["full_over_lora"]
         ratio_s = f" (full / LoRA {over:.2f}x)" if over else ""
         lines.append(
-            f"memory slope, XLA argument + temp bytes per extra client (M {lo} -> {hi}): LoRA "
+            f"{slope['label']}, XLA argument + temp bytes per extra client (M {lo} -> {hi}): LoRA "
             f"{slope['lora_bytes_per_client'] / 1024:,.1f} KiB, full fine-tuning "
             f"{slope['full_bytes_per_client'] / 1024:,.1f} KiB{ratio_s}"
         )
-    loop = next((r for r in rows if r.get("engine") == "torch-loop"), None)
-    ours = loop and by.get(("lora", loop["cohort"]))
-    if ours:
+    for loop in (r for r in rows if r.get("engine") == "torch-loop"):
+        mine = [r for r in ours if r["variant"] == "lora" and r["cohort"] == loop["cohort"]]
+        if not mine:
+            continue
+        best = max(mine, key=lambda r: r["client_steps_per_s"])
         on = f", on {loop['torch_device']}" if loop.get("torch_device") else ""
+        threads = loop["torch_threads"]
         lines.append(
-            f"fedjax_sim LoRA / PyTorch per-client LoRA loop ({loop['torch_threads']} thread, "
-            f"torch {loop['torch']}{on}) at M={loop['cohort']}: "
-            f"{ours['client_steps_per_s'] / loop['client_steps_per_s']:.2f}x client-steps/s"
+            f"fedjax_sim LoRA ({best['workload']['client_map']}) / PyTorch per-client LoRA loop "
+            f"({threads} thread{'s' * (threads > 1)}, torch {loop['torch']}{on}) at "
+            f"M={loop['cohort']}: {best['client_steps_per_s'] / loop['client_steps_per_s']:.2f}x "
+            "client-steps/s"
         )
     return lines
 
@@ -645,21 +672,20 @@ TABLES: dict[str, Table] = {
     "baselines": Table(BENCH, where=lambda r: "cohort_run" not in r, summary=baselines_summary),
     # ... and over cohorts, with pfl-research and fedjax (rows with `cohort_run`)
     "peers": Table(
-        [
-            ("system", lambda r: r.get("system", r["label"])),
-            ("workload", lambda r: r["workload"]["name"]),
-            ("M", key("clients")),
-            ("s/round median", key("round_s_median")),
-            ("min", key("round_s_min")),
-            ("client-steps/s", key("client_steps_per_s")),
-            ("model FLOPs / matmul peak", key("model_flops_ratio", pct)),
-            ("round time / best engine's", key("vs_best_engine", times)),
-            ("peak RSS GiB", key("peak_memory_bytes", gib)),
-        ],
+        PEERS,
         suites=("baselines",),
-        where=lambda r: "cohort_run" in r,
+        where=lambda r: "cohort_run" in r and "competing_job" not in r,
         pivot=peers_rows,
         summary=peers_summary,
+    ),
+    # the same over cohorts beside one competing job (`fedjax-sim bench --competing-threads`)
+    "peers_under_load": Table(
+        PEERS,
+        suites=(UNDER_LOAD,),
+        where=lambda r: "cohort_run" in r and "competing_job" in r,
+        pivot=peers_rows,
+        summary=peers_summary,
+        notes=competing_notes,
     ),
     "modes": Table(BENCH, summary=modes_summary),
     "cohort": Table(BENCH, summary=cohort_summary, notes=cohort_notes),
@@ -868,7 +894,7 @@ TABLES: dict[str, Table] = {
         notes=h100_plan_notes,
     ),
     "hypergradient_cost": Table(
-        notes=hypergradient_notes,
+        notes=hypergradient_target_notes,
         columns=[
             ("configuration", lambda r: r["label"]),
             ("compile s", key("compile_s")),

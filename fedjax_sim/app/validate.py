@@ -104,6 +104,7 @@ RULES: dict[str, Range] = {
     "peak_n": POSITIVE_INT,
     "torch_threads": POSITIVE_INT,
     "peer_max_cohort": POSITIVE_INT,
+    "competing_threads": Range(0, 64),
 }
 
 # Output-folder fields: checked to be creatable and writable before any work starts.

@@ -77,10 +77,15 @@ def test_replace_rows_is_plain_json_lines(tmp_path):
     assert [json.loads(line) for line in open(path)] == [{"label": "a", "v": [1, 2]}]
 
 
+# folders of this machine's rows under another condition: folder -> the field every row has
+CONDITIONS = {"under_load": "competing_job"}
+
+
 def test_committed_results_follow_the_schema():
     """Every file in benchmarks/results/ is one suite's rows, each stamped; a folder holds
     another machine's: `<machine>_<suite>.jsonl` rows and the raw `*_log.txt` logs they come
-    from (e.g. `gpu/`)."""
+    from (e.g. `gpu/`), or this machine's under a condition: `<suite>.jsonl` rows that
+    name it (`under_load/`: `fedjax-sim bench --competing-threads`)."""
     names = sorted(os.listdir(results.RESULTS))
     assert names, "benchmarks/results/ is empty"
     for name in names:
@@ -88,13 +93,16 @@ def test_committed_results_follow_the_schema():
         if name.startswith("."):
             continue
         if os.path.isdir(path):
+            condition = CONDITIONS.get(name)
             for inner in sorted(os.listdir(path)):
                 if inner.endswith("_log.txt"):
                     continue
-                assert inner.endswith(".jsonl") and "_" in inner, f"{name}/{inner}"
+                stem = inner.removesuffix(".jsonl")
+                assert inner.endswith(".jsonl") and (condition or "_" in stem), f"{name}/{inner}"
                 for row in read_rows(os.path.join(path, inner)):
                     validate_row(row)
-                    assert row["suite"] == inner.removesuffix(".jsonl").split("_", 1)[1]
+                    assert row["suite"] == (stem if condition else stem.split("_", 1)[1])
+                    assert condition is None or condition in row, f"{name}/{inner}: {row['label']}"
             continue
         assert name.endswith(".jsonl"), f"benchmarks/results/{name} is not a suite's rows"
         for row in read_rows(path):

@@ -55,6 +55,7 @@ def test_cli_bench_round_writes_rows_table_and_plot(tmp_path, capsys, cheap):
         (["--workload", "nope"], "unknown workload"),
         (["--algorithm", "nope"], "unknown algorithm"),
         (["--repeats", "2", "--workload", "tiny-lr"], "repeats must be >= 3"),
+        (["--competing-threads", "-1", "--workload", "tiny-lr"], "competing-threads must be"),
     ],
 )
 def test_cli_bench_usage_errors(argv, message, capsys, tmp_path):
@@ -380,3 +381,67 @@ def test_peers_over_the_cap_or_without_runtime_are_skipped_without_a_process(tmp
     assert fedjax["kind"] == "skipped" and "benchmarks/peers/fedjax_venv.sh" in fedjax["reason"]
     assert s.not_run("engine", w.replace(clients=3)) is None
     assert s.not_run("loop", w.replace(clients=3)) is None
+
+
+def _matmul_children() -> list[int]:
+    """This process's children running the competing job's matmul loop."""
+    out = []
+    for pid in suites.children_of(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"a @ a" in f.read():
+                    out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def _autogroup_nice(pid) -> str | None:
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            return f.read().split("nice")[-1].strip()
+    except OSError:  # a kernel without autogroups
+        return None
+
+
+@pytest.mark.parametrize("interrupt", [False, True])
+def test_competing_job_runs_beside_every_measurement_and_stops_with_the_run(
+    tmp_path, cheap, interrupt
+):
+    """`--competing-threads 1`: one matmul process, in its own session, alive while the suite
+    measures (seen from the log of each row), gone after the run, even one stopped by ^C;
+    every row names it."""
+    seen = []
+
+    def log(line):
+        if line.startswith("[round]"):
+            seen.append([(pid, os.getsid(pid), _autogroup_nice(pid)) for pid in _matmul_children()])
+            if interrupt:
+                raise KeyboardInterrupt
+
+    cfg = BenchConfig(
+        workload="tiny-lr", competing_threads=1, isolate=False, flops=False, plots=False,
+        peak_n=64, out=str(tmp_path),
+    )  # fmt: skip
+    if interrupt:
+        with pytest.raises(KeyboardInterrupt):
+            suites.run(cfg, log=log)
+    else:
+        suites.run(cfg, log=log)
+    ((pid, session, nice),) = seen[0]
+    assert session == pid  # its own session: the kernel shares cores as between two jobs
+    assert nice == _autogroup_nice("self")  # ... of equal weight
+    assert _matmul_children() == []
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    (row,) = read_rows(str(tmp_path / "round.jsonl"))
+    assert row["competing_job"] == "numpy f32 2048x2048 matmul loop, 1 BLAS thread"
+    validate_row(row)
+
+
+def test_no_competing_job_by_default(tmp_path, cheap):
+    cfg = BenchConfig(
+        workload="tiny-lr", isolate=False, flops=False, plots=False, peak_n=64, out=str(tmp_path)
+    )
+    suites.run(cfg, log=lambda line: None)
+    assert "competing_job" not in read_rows(str(tmp_path / "round.jsonl"))[0]

@@ -98,6 +98,11 @@ class BenchConfig:
     """Python of the fedjax 0.0.17 venv (default: .venv-fedjax/bin/python of the checkout,
     made by benchmarks/peers/fedjax_venv.sh; without it the fedjax row is skipped, naming
     it)."""
+    competing_threads: int = 0
+    """Run every measurement beside one competing job: a NumPy f32 2048^2 matmul loop in its
+    own process session (so the scheduler treats it as another user's job) with this many
+    BLAS threads, started before the suites and stopped after them; rows carry
+    `competing_job`. 0: none (a quiet machine)."""
     isolate: bool = True
     """Run each measurement in its own process (needed for per-measurement peak RSS)."""
     flops: bool = True

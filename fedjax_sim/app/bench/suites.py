@@ -12,6 +12,7 @@ plot and a markdown table per suite. Each row is written as soon as it is measur
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -133,6 +134,55 @@ def kill_tree(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except OSError:
         pass
+
+
+COMPETING_JOB = (
+    "import numpy as np\na = np.ones((2048, 2048), np.float32)\nwhile True:\n    a @ a\n"
+)
+
+
+def same_weight_as_this_job(pid: int) -> None:
+    """Gives process `pid`'s autogroup (its session, with `sched_autogroup`) this process's
+    autogroup nice value, so that the scheduler weighs the two jobs equally even where this
+    one was started from a raised or lowered session. No-op without autogroups."""
+    try:
+        with open("/proc/self/autogroup") as f:
+            nice = f.read().split("nice")[-1].strip()
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(nice)
+    except OSError:
+        pass
+
+
+@contextlib.contextmanager
+def competing_job(threads: int) -> Iterator[str | None]:
+    """With `threads` > 0, one competing job until the block ends: a NumPy f32 2048^2 matmul
+    loop with `threads` BLAS threads, in its own process session (with `sched_autogroup` the
+    kernel then shares the cores between it and the measurements as between two users' jobs).
+    Yields the description the rows carry as `competing_job` (None without one)."""
+    if not threads:
+        yield None
+        return
+    env = dict(os.environ)
+    env.update(
+        {v: str(threads) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", COMPETING_JOB],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        same_weight_as_this_job(proc.pid)
+        time.sleep(1.0)  # NumPy imported and the loop running before the first measurement
+        if proc.poll() is not None:
+            raise RuntimeError(f"the competing job exited: {proc.stderr.read().decode()[-300:]}")
+        yield f"numpy f32 2048x2048 matmul loop, {threads} BLAS thread{'s' * (threads > 1)}"
+    finally:
+        kill_tree(proc.pid)
+        proc.wait()
 
 
 def run_isolated(spec: dict[str, Any], kill_bytes: int, timeout_s: float) -> dict[str, Any]:
@@ -573,10 +623,24 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str, list[
     suite ends; a re-run replaces the rows of the labels it measures again), `.md` and
     `.png`."""
     stamped = stamp()
+    with competing_job(cfg.competing_threads) as job:
+        if job:
+            stamped["competing_job"] = job
+        return _run_suites(cfg, log, stamped)
+
+
+def _run_suites(
+    cfg: BenchConfig, log: Callable[[str], None], stamped: dict[str, Any]
+) -> dict[str, list[dict]]:
     session = Session(cfg, log, stamped)
+    job = (
+        f"; beside one competing job ({stamped['competing_job']})"
+        if "competing_job" in stamped
+        else ""
+    )
     log(
         f"fedjax-sim bench: suites {', '.join(cfg.suite)}; memory budget "
-        f"{session.budget / GiB:.1f} GiB; machine {json.dumps(measure.machine_info())}"
+        f"{session.budget / GiB:.1f} GiB; machine {json.dumps(measure.machine_info())}{job}"
     )
     results = {}
     for name in cfg.suite:
