@@ -40,6 +40,7 @@ from fedjax_sim.algorithms.core import CohortSpec, LocalSpec
 from fedjax_sim.algorithms.lora import lora_partition
 from fedjax_sim.app.bench.baselines import torch_device
 from fedjax_sim.app.bench.results import Recorder
+from fedjax_sim.app.bench.workloads import mode_label
 from fedjax_sim.data import markov_tokens
 from fedjax_sim.data.federated import tree_size_bytes
 from fedjax_sim.models import transformer
@@ -65,6 +66,14 @@ def variant(name: str, m: int, client_map: ClientMap):
     alg = fedavg(model.loss, client_optimizer=LR, local=LocalSpec(steps=STEPS, batch_size=BATCH),
                  cohort=CohortSpec(size=m), client_map=client_map, **extra)  # fmt: skip
     return model, model.init(jax.random.key(0)), alg
+
+
+def make_client_map(mode: str, map_batch: int, devices: int) -> tuple[ClientMap, str]:
+    """The cohort's `ClientMap` (`map_batch` clients per map step; sharded over `devices`
+    host devices) and how rows name it (`bench.workloads.mode_label`)."""
+    batch = map_batch if mode == "map" else None
+    mesh = client_mesh(devices) if devices > 1 else None
+    return ClientMap(mode, batch, mesh=mesh), mode_label(mode, batch, devices)
 
 
 def compiled(name: str, m: int, data, client_map: ClientMap):
@@ -217,11 +226,7 @@ def main() -> None:
     if jax.device_count() < args.devices:  # host devices are set before JAX starts: re-exec
         flags = distributed.host_device_flags(args.devices, os.environ.get("XLA_FLAGS", ""))
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "XLA_FLAGS": flags})
-    mesh = client_mesh(args.devices) if args.devices > 1 else None
-    batch = args.map_batch if args.client_map == "map" else None
-    client_map = ClientMap(args.client_map, batch, mesh=mesh)
-    mode = args.client_map + (f"({batch})" if batch else "")
-    mode += f" over {args.devices} devices" if mesh else ""
+    client_map, mode = make_client_map(args.client_map, args.map_batch, args.devices)
     suffix = "" if mode == "vmap" else f" {mode}"  # the default's labels stay as they were
     data = problem()
     workload = {"model": "transformer", **SHAPE, "context": CONTEXT, "vocab": VOCAB, "rank": RANK,

@@ -25,8 +25,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 import lora_cohort  # noqa: E402
 from round_profile import hlo_op_times  # noqa: E402
 
-from fedjax_sim.runtime.parallel import ClientMap  # noqa: E402
-
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -37,8 +35,7 @@ def main() -> None:
     p.add_argument("--map-batch", type=int, default=1)
     p.add_argument("--top", type=int, default=12)
     args = p.parse_args()
-    batch = args.map_batch if args.client_map == "map" else None
-    client_map = ClientMap(args.client_map, batch)
+    client_map, _ = lora_cohort.make_client_map(args.client_map, args.map_batch, devices=1)
     step, state, data, _ = lora_cohort.compiled(
         args.variant, args.cohort, lora_cohort.problem(), client_map
     )

@@ -396,14 +396,6 @@ def _matmul_children() -> list[int]:
     return out
 
 
-def _autogroup_nice(pid) -> str | None:
-    try:
-        with open(f"/proc/{pid}/autogroup") as f:
-            return f.read().split("nice")[-1].strip()
-    except OSError:  # a kernel without autogroups
-        return None
-
-
 @pytest.mark.parametrize("interrupt", [False, True])
 def test_competing_job_runs_beside_every_measurement_and_stops_with_the_run(
     tmp_path, cheap, interrupt
@@ -415,7 +407,8 @@ def test_competing_job_runs_beside_every_measurement_and_stops_with_the_run(
 
     def log(line):
         if line.startswith("[round]"):
-            seen.append([(pid, os.getsid(pid), _autogroup_nice(pid)) for pid in _matmul_children()])
+            pids = _matmul_children()
+            seen.append([(pid, os.getsid(pid), suites.autogroup_nice(pid)) for pid in pids])
             if interrupt:
                 raise KeyboardInterrupt
 
@@ -430,7 +423,7 @@ def test_competing_job_runs_beside_every_measurement_and_stops_with_the_run(
         suites.run(cfg, log=log)
     ((pid, session, nice),) = seen[0]
     assert session == pid  # its own session: the kernel shares cores as between two jobs
-    assert nice == _autogroup_nice("self")  # ... of equal weight
+    assert nice == suites.autogroup_nice()  # ... of equal weight
     assert _matmul_children() == []
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)

@@ -141,13 +141,24 @@ COMPETING_JOB = (
 )
 
 
-def same_weight_as_this_job(pid: int) -> None:
-    """Gives process `pid`'s autogroup (its session, with `sched_autogroup`) this process's
-    autogroup nice value, so that the scheduler weighs the two jobs equally even where this
-    one was started from a raised or lowered session. No-op without autogroups."""
+def autogroup_nice(pid: int | str = "self") -> str | None:
+    """The nice value of process `pid`'s autogroup (its session's scheduling weight with
+    `sched_autogroup`), None on a kernel without autogroups."""
     try:
-        with open("/proc/self/autogroup") as f:
-            nice = f.read().split("nice")[-1].strip()
+        with open(f"/proc/{pid}/autogroup") as f:
+            return f.read().split("nice")[-1].strip()
+    except OSError:
+        return None
+
+
+def same_weight_as_this_job(pid: int) -> None:
+    """Gives process `pid`'s autogroup this process's autogroup nice value, so that the
+    scheduler weighs the two jobs equally even where this one was started from a raised or
+    lowered session. No-op without autogroups."""
+    nice = autogroup_nice()
+    if nice is None:
+        return
+    try:
         with open(f"/proc/{pid}/autogroup", "w") as f:
             f.write(nice)
     except OSError:

@@ -33,6 +33,12 @@ MODELS = ("mlp", "logistic", "simple_cnn")
 GEN_BLOCK_BYTES = 64 * 2**20  # data generated at once by `make_data`
 
 
+def mode_label(mode: str, map_batch: int | None = None, devices: int = 1) -> str:
+    """How rows name a client map: `vmap`, `map(batch_size=k)`, `... over n devices`."""
+    label = f"map(batch_size={map_batch or 'default'})" if mode == "map" else mode
+    return label if devices == 1 else f"{label} over {devices} devices"
+
+
 @dataclasses.dataclass(frozen=True)
 class Workload:
     """One benchmarked round.
@@ -115,10 +121,7 @@ class Workload:
 
     @property
     def mode_label(self) -> str:
-        label = (
-            f"map(batch_size={self.map_batch or 'default'})" if self.mode == "map" else self.mode
-        )
-        return label if self.devices == 1 else f"{label} over {self.devices} devices"
+        return mode_label(self.mode, self.map_batch, self.devices)
 
     def replace(self, **kw: Any) -> Workload:
         return dataclasses.replace(self, **kw)
