@@ -143,12 +143,14 @@ COMPETING_JOB = (
 
 def autogroup_nice(pid: int | str = "self") -> str | None:
     """The nice value of process `pid`'s autogroup (its session's scheduling weight with
-    `sched_autogroup`), None on a kernel without autogroups."""
+    `sched_autogroup`), None on a kernel without autogroups or for a process outside one (the
+    kernel then prints an empty file: a process in a cpu cgroup, as on some CI machines)."""
     try:
         with open(f"/proc/{pid}/autogroup") as f:
-            return f.read().split("nice")[-1].strip()
+            text = f.read()
     except OSError:
         return None
+    return text.split("nice")[-1].strip() if "nice" in text else None
 
 
 def same_weight_as_this_job(pid: int) -> None:
