@@ -378,6 +378,25 @@ def of_bound(p: Row) -> str:
     return pct(ratio(cores and cores["speedup_vs_sequential"], bound))
 
 
+def sweep_trials_notes(rows: list[Row]) -> list[str]:
+    """The spread behind each median cell measured in several trials (`--trials`): the sweep
+    over the cores and its autodiff bound in each trial, and their per-trial ratio."""
+    out = []
+    for p in sweep_pivot(rows):
+        cores, m = p.get("sweep-cores"), p.get("matmul")
+        if not (cores and m and len(cores.get("trial_figures", ())) > 1):
+            continue
+        if len(m.get("trial_figures", ())) != len(cores["trial_figures"]):
+            continue
+        pairs = list(zip(cores["trial_figures"], m["trial_figures"], strict=True))
+        out.append(
+            f"{p['workload']} R = {p['R']}, {len(pairs)} trials (sweep over the cores / autodiff "
+            "bound, runs/s): "
+            + ", ".join(f"{num(a)} / {num(b)} = {pct(a / b)}" for a, b in pairs)
+        )
+    return out
+
+
 def vs_mean(rows: list[Row]) -> list[Row]:
     """Adds `vs_mean`: the mean's time / this aggregator's (same d and M)."""
     means = {(r["d"], r["M"]): r["seconds"] for r in rows if r["aggregator"] == "mean"}
@@ -781,6 +800,7 @@ TABLES: dict[str, Table] = {
             ("2048^2 matmul GFLOP/s", lambda p: num(p.get("matmul", {}).get("peak_gflops"))),
         ],
         pivot=sweep_pivot,
+        notes=sweep_trials_notes,
     ),
     "population_scaling": Table(
         [

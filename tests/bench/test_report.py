@@ -64,3 +64,17 @@ def test_peers_table_sorts_every_system_fedjax_included():
     engines = ["fedjax_sim", "fedjax_sim", "python-loop", "fedjax", "torch-loop", "pfl"]
     assert [r["engine"] for r in out] == engines
     assert [r["vs_best_engine"] for r in out] == [2.0, 1.0, 2.5, 3.0, 5.0, 4.0]
+
+
+def test_sweep_trials_notes_pair_each_trials_sweep_with_its_bound():
+    """A median cell hides the spread: one line per (workload, R) pairs trial i of the sweep
+    over the cores with trial i of its bound (the same interleaved pass) and their ratio."""
+    rows = [
+        {"workload": "digits", "R": 16, "mode": "sweep-cores", "trial_figures": [40.0, 45.0]},
+        {"workload": "digits", "R": 16, "mode": "matmul", "trial_figures": [50.0, 60.0]},
+        {"workload": "digits", "R": 4, "mode": "sweep-cores", "trial_figures": [40.0]},
+        {"workload": "digits", "R": 4, "mode": "matmul", "trial_figures": [50.0]},
+    ]
+    (line,) = report.sweep_trials_notes(rows)  # a single trial has no spread to show
+    assert line.startswith("digits R = 16, 2 trials")
+    assert line.endswith("40 / 50 = 80.0%, 45 / 60 = 75.0%")
