@@ -391,8 +391,7 @@ def sweep_trials_notes(rows: list[Row]) -> list[str]:
         pairs = list(zip(cores["trial_figures"], m["trial_figures"], strict=True))
         out.append(
             f"{p['workload']} R = {p['R']}, {len(pairs)} trials (sweep over the cores / autodiff "
-            "bound, runs/s): "
-            + ", ".join(f"{num(a)} / {num(b)} = {pct(a / b)}" for a, b in pairs)
+            "bound, runs/s): " + ", ".join(f"{num(a)} / {num(b)} = {pct(a / b)}" for a, b in pairs)
         )
     return out
 
