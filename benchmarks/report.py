@@ -383,12 +383,11 @@ def sweep_trials_notes(rows: list[Row]) -> list[str]:
     over the cores and its autodiff bound in each trial, and their per-trial ratio."""
     out = []
     for p in sweep_pivot(rows):
-        cores, m = p.get("sweep-cores"), p.get("matmul")
-        if not (cores and m and len(cores.get("trial_figures", ())) > 1):
+        sweeps = p.get("sweep-cores", {}).get("trial_figures", [])
+        bounds = p.get("matmul", {}).get("trial_figures", [])
+        if len(sweeps) < 2 or len(bounds) != len(sweeps):  # one trial has no spread to show
             continue
-        if len(m.get("trial_figures", ())) != len(cores["trial_figures"]):
-            continue
-        pairs = list(zip(cores["trial_figures"], m["trial_figures"], strict=True))
+        pairs = list(zip(sweeps, bounds, strict=True))
         out.append(
             f"{p['workload']} R = {p['R']}, {len(pairs)} trials (sweep over the cores / autodiff "
             "bound, runs/s): " + ", ".join(f"{num(a)} / {num(b)} = {pct(a / b)}" for a, b in pairs)

@@ -83,17 +83,24 @@ def build(workload: str):
 REPEATS = 5  # every figure is the fastest of this many timed calls, the bounds as the sweeps
 
 
-def _best(f, *args, reps: int = REPEATS) -> float:
-    """Fastest of `reps` timed calls of `f(*args)` after one untimed (compiling) call."""
+def _fastest(f, *args, reps: int = REPEATS) -> float:
+    """Fastest of `reps` timed calls of `f(*args)` (already compiled)."""
     import jax
 
-    jax.block_until_ready(f(*args))
     out = []
     for _ in range(reps):
         t0 = time.perf_counter()
         jax.block_until_ready(f(*args))
         out.append(time.perf_counter() - t0)
     return min(out)
+
+
+def _best(f, *args) -> float:
+    """`_fastest` after one untimed (compiling) call."""
+    import jax
+
+    jax.block_until_ready(f(*args))
+    return _fastest(f, *args)
 
 
 def _best_over_cores(f, *args) -> float:
@@ -273,12 +280,7 @@ def measure(workload: str, runs: int, mode: str, rounds: int, max_seq: int) -> d
     t0 = time.perf_counter()
     go(1000)  # warm-up: compiles
     first = time.perf_counter() - t0
-    seconds = []
-    for rep in range(REPEATS):  # the statistic of the bounds (`_best`): fastest of REPEATS
-        t0 = time.perf_counter()
-        go(100 * rep)
-        seconds.append(time.perf_counter() - t0)
-    seconds = min(seconds)
+    seconds = _fastest(go, 0)  # the statistic of the bounds (`_best`)
     return {
         "workload": workload,
         "R": runs,
