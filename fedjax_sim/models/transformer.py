@@ -25,6 +25,7 @@ reads it, or an orbax checkpoint directory; `pretrained_init` makes a model star
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 from collections.abc import Sequence
@@ -63,12 +64,77 @@ class LoRADense(nn.Module):
         d_in = x.shape[-1]
         kernel = self.param("kernel", nn.initializers.lecun_normal(), (d_in, self.features))
         bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
-        y = x @ kernel + bias
-        if self.rank:
-            a = self.param("lora_a", nn.initializers.normal(stddev=d_in**-0.5), (d_in, self.rank))
-            b = self.param("lora_b", nn.initializers.zeros_init(), (self.rank, self.features))
-            y = y + self.scale * ((x @ a) @ b)
-        return y
+        if not self.rank:
+            return lora_dense(x, kernel, bias)
+        a = self.param("lora_a", nn.initializers.normal(stddev=d_in**-0.5), (d_in, self.rank))
+        b = self.param("lora_b", nn.initializers.zeros_init(), (self.rank, self.features))
+        return lora_dense(x, kernel, bias, (a, b), self.scale)
+
+
+def _kept(z):
+    """`z`, materialised: XLA may not fold a transpose of it into a dot."""
+    return jax.lax.optimization_barrier(z)
+
+
+def _via_copy_of_t(w):
+    """`w` `[m, n]` read through a kept copy of `w.T`: a backward dot `g @ w.T` then reads
+    that copy as a row-major `[n, m]` operand."""
+    return _kept(w.T).T
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
+def _dense_rows(x, kernel, bias, adapter, scale):
+    y = x @ kernel + bias  # [N, d_out]
+    if adapter is not None:
+        a, b = adapter
+        y = y + scale * ((x @ a) @ b)
+    return y
+
+
+def _dense_rows_jvp(scale, primals, tangents):
+    """The tangent of `x W + b + s (x A) B`, written so that its transpose, the backward pass,
+    runs every dot as a row-major GEMM `[m, k] @ [k, n]`: transposes of the operands it
+    contracts are kept materialised (`_kept`), so XLA cannot fold them into the dots'
+    dimension numbers, which sends a dot to XLA:CPU's generic kernel (a few GFLOP/s on the
+    adapters' rank-r dots; benchmarks/README.md, issue 39). Backward dots, with g the output's
+    cotangent `[N, d_out]` and v = g B^T `[N, r]`: dx = g [W^T] + s v [A^T], dW = [x^T] g,
+    dA = s ([v^T] x)^T, dB = s [(x A)^T] g, brackets marking the kept copies. Inputs that are
+    not differentiated (symbolic zeros: a frozen kernel) cost nothing."""
+    x, kernel, bias, adapter = primals
+    dx, dkernel, dbias, dadapter = tangents
+    live = lambda t: not isinstance(t, jax.custom_derivatives.SymbolicZero)
+    y = _dense_rows(x, kernel, bias, adapter, scale)
+    terms = []
+    if live(dx):
+        terms.append(dx @ _via_copy_of_t(kernel))
+    if live(dkernel):
+        terms.append(_via_copy_of_t(x) @ dkernel)
+    if live(dbias):
+        terms.append(jnp.broadcast_to(dbias, y.shape))
+    if adapter is not None:
+        a, b = adapter
+        da, db = dadapter
+        low_rank = []  # tangents of x A, [N, r]
+        if live(dx):
+            low_rank.append(dx @ _via_copy_of_t(a))
+        if live(da):
+            low_rank.append(_kept(_kept(da.T) @ x.T).T)
+        if low_rank:
+            terms.append(scale * (sum(low_rank) @ _via_copy_of_t(b)))
+        if live(db):
+            terms.append(scale * (_via_copy_of_t(_kept(x @ a)) @ db))
+    return y, sum(terms) if terms else jnp.zeros_like(y)
+
+
+_dense_rows.defjvp(_dense_rows_jvp, symbolic_zeros=True)
+
+
+def lora_dense(x, kernel, bias, adapter=None, scale: float = 1.0):
+    """`x W + b`, plus `scale (x A) B` with `adapter=(A, B)`, over the last axis of `x`
+    (`[..., d_in]` -> `[..., d_out]`). Differentiable in every argument, forward and reverse
+    mode; its reverse mode is laid out for XLA:CPU's GEMMs (`_dense_rows_jvp`)."""
+    y = _dense_rows(x.reshape(-1, x.shape[-1]), kernel, bias, adapter, float(scale))
+    return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 class _Block(nn.Module):

@@ -1,7 +1,12 @@
 """The decoder-only transformer (`models.transformer`): next-token loss with padding masks,
 causality, Shakespeare and the synthetic next-token task, pretrained checkpoints (flax msgpack
 and orbax, saved to tmp_path), LoRA adapters (B = 0 is the base model exactly; merging
-`W + s A B` gives the adapter model's outputs)."""
+`W + s A B` gives the adapter model's outputs), and `lora_dense`, the projection whose
+backward pass is laid out for XLA:CPU: its derivatives (reverse, forward, forward over
+reverse, vmapped, any subset of inputs) are those of the plain expression, and its compiled
+gradient runs only row-major GEMMs."""
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +21,7 @@ from fedjax_sim.models import build, transformer
 from fedjax_sim.models.transformer import (
     adapter_paths,
     load_params,
+    lora_dense,
     lora_scale,
     merge_lora,
     save_params,
@@ -156,3 +162,103 @@ def test_merged_adapters_give_the_adapter_model():
     assert not adapter_paths(merged)
     assert float(jnp.max(jnp.abs(lora.apply(p, x) - base.apply(p, x)))) > 1e-3  # B matters
     np.testing.assert_allclose(base.apply(merged, x), lora.apply(p, x), atol=2e-5)
+
+
+# ------------------------------------------------------------------------------ lora_dense
+SCALE = 0.7
+
+
+def _dense_args(seed=0, lead=(2, 5), d_in=6, d_out=7, r=3):
+    k = jax.random.split(jax.random.key(seed), 5)
+    shapes = [(*lead, d_in), (d_in, d_out), (d_out,), (d_in, r), (r, d_out)]
+    return [jax.random.normal(key, s) for key, s in zip(k, shapes, strict=True)]
+
+
+def _plain(x, kernel, bias, a=None, b=None):
+    y = x @ kernel + bias
+    return y if a is None else y + SCALE * ((x @ a) @ b)
+
+
+def _custom(x, kernel, bias, a=None, b=None):
+    return lora_dense(x, kernel, bias, None if a is None else (a, b), SCALE)
+
+
+def _loss(f):
+    return lambda *args: jnp.sum(jnp.sin(f(*args)) * jnp.cos(f(*args)[..., :1]))
+
+
+# every input, LoRA's (x and the adapters), a frozen-input case, full fine-tuning, no adapter
+WRT = [(0, 1, 2, 3, 4), (0, 3, 4), (3, 4), (4,), (1, 2), (0, 1, 2)]
+
+
+@pytest.mark.parametrize("wrt", WRT)
+def test_lora_dense_has_the_derivatives_of_the_plain_expression(x64, wrt):
+    """Reverse mode, forward mode and forward over reverse (a Hessian-vector product, as
+    Per-FedAvg's and the fixed-point solvers' use) of `lora_dense` against plain autodiff of
+    `x W + b + s (x A) B`, in float64; an adapter-free layer when the adapters are not
+    differentiated (a rank-0 projection)."""
+    args = _dense_args()
+    if not {3, 4} & set(wrt):
+        args = args[:3]
+    wrt = tuple(i for i in wrt if i < len(args))
+    tangents = _dense_args(seed=1)[: len(args)]
+
+    def restricted(f):  # f of the differentiated inputs only, the rest closed over
+        def g(*live):
+            full = list(args)
+            for i, v in zip(wrt, live, strict=True):
+                full[i] = v
+            return f(*full)
+
+        return g
+
+    live = [args[i] for i in wrt]
+    dirs = [tangents[i] for i in wrt]
+    for f_custom, f_plain in [(_custom, _plain), (_loss(_custom), _loss(_plain))]:
+        got = jax.jvp(restricted(f_custom), live, dirs)
+        want = jax.jvp(restricted(f_plain), live, dirs)
+        jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-12, atol=1e-12),
+                     got, want)  # fmt: skip
+    argnums = tuple(range(len(wrt)))
+    grad_c = jax.grad(restricted(_loss(_custom)), argnums)
+    grad_p = jax.grad(restricted(_loss(_plain)), argnums)
+    for u, v in zip(grad_c(*live), grad_p(*live), strict=True):
+        np.testing.assert_allclose(u, v, rtol=1e-12, atol=1e-12)
+    hvp_c = jax.jvp(grad_c, live, dirs)[1]
+    hvp_p = jax.jvp(grad_p, live, dirs)[1]
+    for u, v in zip(hvp_c, hvp_p, strict=True):
+        np.testing.assert_allclose(u, v, rtol=1e-11, atol=1e-11)
+
+
+def test_lora_dense_vmapped_over_clients_and_in_a_shared_base(x64):
+    """Per-client inputs and adapters `[C, ...]` over one shared (broadcast) base, as a LoRA
+    cohort under `ClientMap("vmap")`: the adapters' gradients equal plain autodiff's."""
+    x, kernel, bias, a, b = _dense_args(lead=(4, 5))  # x [C=4, 5, d_in]
+    a = jnp.stack([a * (i + 1) for i in range(4)])
+    b = jnp.stack([b - i for i in range(4)])
+    axes = (0, None, None, 0, 0)
+    got = jax.vmap(jax.grad(_loss(_custom), (3, 4)), axes)(x, kernel, bias, a, b)
+    want = jax.vmap(jax.grad(_loss(_plain), (3, 4)), axes)(x, kernel, bias, a, b)
+    for u, v in zip(got, want, strict=True):
+        np.testing.assert_allclose(u, v, rtol=1e-12, atol=1e-12)
+
+
+def _dots(f, wrt, args):
+    """`(lhs, rhs)` contracting dims of every dot in the compiled (XLA:CPU) gradient."""
+    hlo = jax.jit(jax.grad(f, wrt)).lower(*args).compile().as_text()
+    dims = r" dot\(.*?lhs_contracting_dims=\{(\d+)\}, rhs_contracting_dims=\{(\d+)\}"
+    return re.findall(dims, hlo)
+
+
+@pytest.mark.parametrize("wrt", [(0, 3, 4), (0, 1, 2)])
+def test_lora_dense_gradient_runs_only_row_major_gemms(wrt):
+    """The point of `lora_dense`: every dot of its compiled gradient contracts the left
+    operand's columns with the right one's rows (`[m, k] @ [k, n]`), the form XLA:CPU runs
+    as a GEMM; plain autodiff of the same expression contracts rows (the weight gradients
+    `x^T g`) and columns of both (`g B^T`), which XLA:CPU runs on its generic dot
+    (benchmarks/README.md, issue 39)."""
+    args = _dense_args(lead=(4, 32), d_in=64, d_out=256, r=4)
+    custom = _dots(_loss(_custom), wrt, args)
+    plain = _dots(_loss(_plain), wrt, args)
+    assert custom and set(custom) == {("1", "0")}, custom
+    assert set(plain) - {("1", "0")}, plain  # the check can fail
