@@ -5,10 +5,11 @@ their HLO shapes. Fractions, not timings: nothing here is a result row.
 
     PYTHONPATH=$PWD nice -n 10 python benchmarks/profile_lora_step.py --cohort 64
 
-Found at M = 64 (2 cores under load, 2 rounds): the frozen base's GEMMs and the fused
-attention (`ynn_fusion`) ~47 %; the adapters' gradient dots whose output has the rank as its
-minor dimension (`dA = x^T (g B^T)`, `[M, d_in, r]`) ~14 % for < 1 % of the FLOPs; layout
-copies and transposes ~14 %; element-wise fusions (GELU, layer norm, softmax) the rest.
+Found at M = 64 (2 cores under load, 2 rounds), with `models.transformer.lora_dense` (session
+42): YNNPACK fusions (the base's GEMMs, the attention) ~64 %, XLA:CPU's generic dots ~4 %,
+transposes ~6 %, element-wise fusions (GELU, layer norm, softmax) the rest. Before it, plain
+autodiff's adapter-gradient dots (`dA = x^T (g B^T)`, `dB = (x A)^T g`, contracting the
+activations' rows) ran on the generic dot, ~14-25 % of the round for < 1 % of its FLOPs.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ those of the base model plus the adapters (`params/block_0/attn/query/{kernel, b
 lora_b}`): a base checkpoint loads into a LoRA model (`with_pretrained`), and `merge_lora`
 folds the adapters back into the kernels (`W + (alpha / r) A B`). Which leaves train and
 travel is a `Partition` (`algorithms.lora.lora_partition`: adapters shared, the rest frozen).
+Every projection is `lora_dense`, whose custom JVP makes the backward pass a chain of row-major
+GEMMs on XLA:CPU (1.5x LoRA's round on CPU; benchmarks/README.md, issue 39); its derivatives,
+forward and reverse, are those of the plain expression.
 
 Checkpoints: `save_params` writes a flax msgpack file (`flax.serialization`); `load_params`
 reads it, or an orbax checkpoint directory; `pretrained_init` makes a model start from one.
