@@ -475,11 +475,11 @@ import os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 os.environ["JAX_PLATFORMS"] = "cpu"
 import jax, numpy as np
-from fedjax_sim import EvalSpec, simulate
 from fedjax_sim.algorithms import CohortSpec, LocalSpec, fedavg
 from fedjax_sim.algorithms.lora import lora_partition
 from fedjax_sim.data import markov_tokens
 from fedjax_sim.models import transformer
+from fedjax_sim.runtime.distributed import place_run
 from fedjax_sim.runtime.parallel import ClientMap, client_mesh
 
 data, _ = markov_tokens(num_clients=8, examples_per_client=8, vocab_size=11, seq_len=8)
@@ -492,9 +492,12 @@ for name, cmap, m in (("plain", ClientMap("map", 1), None),
                       ("vmap", ClientMap("vmap", mesh=mesh), mesh)):
     alg = fedavg(model.loss, client_optimizer=0.1, local=LocalSpec(steps=3, batch_size=4),
                  cohort=CohortSpec(size=4), client_map=cmap, partition=lora_partition())
-    _, state = simulate(alg, data, jax.random.key(0), model=model, num_rounds=2, params=params,
-                        mesh=m, evaluation=EvalSpec(every=2), progress=False,
-                        return_state=True)
+    state, placed = alg.init(params, jax.random.key(0)), data
+    if m is not None:  # as simulate(mesh=...) places a run
+        state, placed = place_run(state, data, m)
+    step = jax.jit(alg.step)
+    for r in range(2):
+        state, _ = step(state, placed, jax.random.key(r + 1))
     flat = jax.tree_util.tree_leaves_with_path(state.params)
     out.update({name + jax.tree_util.keystr(p): np.asarray(v) for p, v in flat})
 np.savez(sys.argv[1], **out)
