@@ -296,18 +296,8 @@ np.savez(sys.argv[1], **out)
 """
 
 
-def test_mesh_of_4_devices_equals_1_device(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    out = str(tmp_path / "out.npz")
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    proc = subprocess.run(
-        [sys.executable, "-c", MESH_SCRIPT, out], capture_output=True, text=True, env=env
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = np.load(out)
+def test_mesh_of_4_devices_equals_1_device(script_npz):
+    r = script_npz(MESH_SCRIPT)
     assert r["plain"].shape == (3, 3)
     np.testing.assert_allclose(r["sharded"], r["plain"], rtol=1e-6, atol=1e-6)
 

@@ -504,21 +504,11 @@ np.savez(sys.argv[1], **out)
 """
 
 
-def test_lora_on_a_mesh_of_2_devices_equals_1_device(tmp_path):
+def test_lora_on_a_mesh_of_2_devices_equals_1_device(script_npz):
     """LoRA FedAvg with the cohort sharded over 2 host devices (`lax.map` and vmap per
     device) against one device: the adapters agree to float32 rounding, the base (frozen,
     replicated) is untouched."""
-    import os
-    import subprocess
-    import sys
-
-    out = str(tmp_path / "out.npz")
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    proc = subprocess.run(
-        [sys.executable, "-c", MESH_SCRIPT, out], capture_output=True, text=True, env=env
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = np.load(out)
+    r = script_npz(MESH_SCRIPT)
     keys = [k[len("plain") :] for k in r.files if k.startswith("plain")]
     assert any("lora_b" in k for k in keys)
     for mode in ("map", "vmap"):
