@@ -67,11 +67,12 @@ class LoRADense(nn.Module):
         d_in = x.shape[-1]
         kernel = self.param("kernel", nn.initializers.lecun_normal(), (d_in, self.features))
         bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
-        if not self.rank:
-            return lora_dense(x, kernel, bias)
-        a = self.param("lora_a", nn.initializers.normal(stddev=d_in**-0.5), (d_in, self.rank))
-        b = self.param("lora_b", nn.initializers.zeros_init(), (self.rank, self.features))
-        return lora_dense(x, kernel, bias, (a, b), self.scale)
+        adapter = None
+        if self.rank:
+            a = self.param("lora_a", nn.initializers.normal(stddev=d_in**-0.5), (d_in, self.rank))
+            b = self.param("lora_b", nn.initializers.zeros_init(), (self.rank, self.features))
+            adapter = (a, b)
+        return lora_dense(x, kernel, bias, adapter, self.scale)
 
 
 def _kept(z):
